@@ -1,0 +1,5 @@
+import sys
+
+from traceml.cli import main
+
+sys.exit(main())

@@ -1,0 +1,148 @@
+"""Activation: decide whether this process traces, then wait for the libraries it traces.
+
+Called from ``traceml_bootstrap.pth`` at interpreter start when ``TRACEML`` is set, or from
+:func:`traceml.init`. It reads settings, picks the process's role and registers post-import
+hooks; the integrations themselves load only when their library is imported. Fail-open: any
+problem prints one line and leaves the program running untraced.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from traceml import console
+from traceml import settings as settings_module
+from traceml.settings import Settings, SettingsError
+
+# Module imported -> "module:function" run after it. Strings, so an integration's own module
+# loads only when its library does.
+INTEGRATION_HOOKS: dict[str, str] = {
+    "rfdetr.training": "traceml.integrations.rfdetr:on_import",
+    "pytorch_lightning": "traceml.integrations.lightning:on_import",
+    "lightning.pytorch": "traceml.integrations.lightning:on_import",
+}
+
+ROLE_WORKER = "worker"
+ROLE_AGENT = "agent"
+ROLE_HELPER = "helper"
+
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+@dataclass
+class _State:
+    activated: bool = False
+    role: str | None = None
+    settings: Settings | None = None
+    source: str | None = None  # "env" (TRACEML=1) or "init" (traceml.init())
+
+
+_state = _State()
+_lock = threading.RLock()
+
+
+def process_role(argv: Sequence[str]) -> str:
+    """What this interpreter is, from ``sys.orig_argv``.
+
+    ``agent``: torchrun's launcher process, which starts the workers and never trains.
+    ``helper``: a multiprocessing child (DataLoader workers under spawn/forkserver, resource
+    trackers); they import the user's modules but must stay untraced and cheap.
+    ``worker``: everything else, i.e. a process that may train.
+    """
+    kind, target = settings_module.interpreter_target(argv)
+    if kind == "module":
+        return ROLE_AGENT if target in _TORCHRUN_MODULES else ROLE_WORKER
+    if kind == "code":
+        child = "from multiprocessing." in target or "--multiprocessing-fork" in argv
+        return ROLE_HELPER if child else ROLE_WORKER
+    if kind == "script" and PurePath(target).name in ("torchrun", "torchrun.exe"):
+        return ROLE_AGENT
+    return ROLE_WORKER
+
+
+def activate(
+    environ: MutableMapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+) -> bool:
+    """Turn tracing on for this process (once). Returns whether this process will trace."""
+    env = os.environ if environ is None else environ
+    args = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
+    with _lock:
+        if _state.activated:
+            return _state.role == ROLE_WORKER and _state.settings is not None
+        _state.activated = True
+        try:
+            role = process_role(args)
+            _state.role = role
+            if role == ROLE_AGENT:
+                settings_module.mark_launch(env)
+                return False
+            if role == ROLE_HELPER:
+                return False
+            settings = settings_module.load_settings(env, args)
+            settings_module.pin_run_name(settings, env)
+            _state.settings = settings
+            _state.source = "env"
+            register_integrations()
+            return True
+        except SettingsError as exc:
+            console.warn(f"{exc}; tracing disabled, the program runs untraced")
+        except Exception as exc:
+            console.warn(
+                f"could not start ({type(exc).__name__}: {exc}); tracing disabled, "
+                "the program runs untraced"
+            )
+        _state.settings = None
+        return False
+
+
+def register_integrations(hooks: Mapping[str, str] | None = None) -> None:
+    from traceml.import_hooks import register_post_import_hook
+
+    for module_name, target in (INTEGRATION_HOOKS if hooks is None else hooks).items():
+        register_post_import_hook(module_name, _deferred(target))
+
+
+def _deferred(target: str):
+    module_name, _, function_name = target.partition(":")
+
+    def hook(module):
+        import importlib
+
+        handler = getattr(importlib.import_module(module_name), function_name)
+        handler(module)
+
+    return hook
+
+
+def active_settings() -> Settings | None:
+    """The settings tracing runs with in this process, or None when it does not trace."""
+    return _state.settings
+
+
+def activation_source() -> str | None:
+    return _state.source
+
+
+def activate_manually(settings: Settings) -> None:
+    """Used by ``init()``: trace with explicit settings in a process started without TRACEML."""
+    with _lock:
+        _state.activated = True
+        _state.role = ROLE_WORKER
+        _state.settings = settings
+        _state.source = "init"
+    settings_module.pin_run_name(settings)
+    register_integrations()
+
+
+def reset_for_tests() -> None:
+    with _lock:
+        _state.activated = False
+        _state.role = None
+        _state.settings = None
+        _state.source = None

@@ -1,0 +1,188 @@
+"""The phase clock: boundary timestamps in, one step record per optimizer update out.
+
+Pure Python over integers from ``time.perf_counter_ns`` (the caller passes them in, so tests
+are exact). The Lightning callback tells the clock where each phase begins and ends; the clock
+groups the microbatches of one gradient-accumulation window into one step and computes
+Residual as the part of the step no phase explains, so the phases and Residual always add up
+to the step time.
+
+A step spans from the training DataLoader fetch of its first microbatch (or, at an epoch's
+start, from the creation of the DataLoader iterator) to ``on_train_batch_end`` of its last
+microbatch. Time between steps (validation, checkpointing, epoch ends) is reported as the next
+step's ``gap_ms``, never inside a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from traceml import schema
+
+NS_PER_MS = 1_000_000
+
+
+def ns_to_ms(value: int | None) -> float | None:
+    return None if value is None else value / NS_PER_MS
+
+
+@dataclass
+class _Group:
+    """Microbatches that feed one optimizer update."""
+
+    start_ns: int
+    microbatches: int = 0
+    input_ns: int = 0
+    h2d_ns: int | None = None
+    forward_ns: int | None = None
+    backward_ns: int | None = None
+    optimizer_ns: int | None = None
+
+
+@dataclass
+class _Microbatch:
+    forward_depth: int = 0
+    forward_start_ns: int = 0
+    backward_start_ns: int | None = None
+    optimizer_start_ns: int | None = None
+
+
+@dataclass
+class StepClock:
+    origin_ns: int
+    _group: _Group | None = None
+    _micro: _Microbatch | None = None
+    _pending_iter: tuple[int, int] | None = None
+    _last_end_ns: int | None = None
+    steps_emitted: int = 0
+    overlaps: int = 0
+
+    # -- boundaries, in the order Lightning reaches them ---------------------------------
+
+    @property
+    def in_microbatch(self) -> bool:
+        return self._micro is not None
+
+    def iterator_created(self, start_ns: int, end_ns: int) -> None:
+        """An epoch's DataLoader iterator was created (workers start, maybe a first fetch).
+
+        That wait belongs to the next step's Input Wait, and the step starts with it.
+        """
+        self._pending_iter = (start_ns, end_ns)
+
+    def fetched(self, start_ns: int, end_ns: int) -> None:
+        """The training loop got a batch from its DataLoader: a microbatch begins."""
+        input_ns = end_ns - start_ns
+        window_start = start_ns
+        if self._pending_iter is not None:
+            iter_start, iter_end = self._pending_iter
+            self._pending_iter = None
+            input_ns += iter_end - iter_start
+            window_start = iter_start
+        if self._group is None:
+            self._group = _Group(start_ns=window_start)
+        self._group.input_ns += input_ns
+        self._micro = _Microbatch()
+
+    def transferred(self, start_ns: int, end_ns: int) -> None:
+        """The strategy moved the batch to the device (H2D)."""
+        if self._group is None or self._micro is None:
+            return
+        self._group.h2d_ns = (self._group.h2d_ns or 0) + (end_ns - start_ns)
+
+    def forward_started(self, now_ns: int) -> None:
+        micro = self._micro
+        if micro is None or micro.backward_start_ns is not None:
+            return
+        if micro.forward_depth == 0:
+            micro.forward_start_ns = now_ns
+        micro.forward_depth += 1
+
+    def forward_ended(self, now_ns: int) -> None:
+        micro, group = self._micro, self._group
+        if micro is None or group is None or micro.forward_depth == 0:
+            return
+        micro.forward_depth -= 1
+        if micro.forward_depth == 0:
+            group.forward_ns = (group.forward_ns or 0) + (now_ns - micro.forward_start_ns)
+
+    def backward_started(self, now_ns: int) -> None:
+        if self._micro is not None:
+            self._micro.backward_start_ns = now_ns
+
+    def backward_ended(self, now_ns: int) -> None:
+        micro, group = self._micro, self._group
+        if micro is None or group is None or micro.backward_start_ns is None:
+            return
+        group.backward_ns = (group.backward_ns or 0) + (now_ns - micro.backward_start_ns)
+
+    def optimizer_started(self, now_ns: int) -> None:
+        if self._micro is not None:
+            self._micro.optimizer_start_ns = now_ns
+
+    def batch_ended(self, now_ns: int, **context: Any) -> dict[str, Any] | None:
+        """``on_train_batch_end``: returns the step record when this microbatch stepped the
+        optimizer (the end of an accumulation window), else None."""
+        micro, group = self._micro, self._group
+        self._micro = None
+        if micro is None or group is None:
+            return None
+        group.microbatches += 1
+        if micro.optimizer_start_ns is None:
+            return None
+        group.optimizer_ns = (group.optimizer_ns or 0) + (now_ns - micro.optimizer_start_ns)
+        return self._close(now_ns, optimizer_stepped=True, **context)
+
+    def epoch_ended(self, now_ns: int, **context: Any) -> dict[str, Any] | None:
+        """Flush microbatches that never reached an optimizer step (nothing is dropped)."""
+        self._micro = None
+        self._pending_iter = None
+        group = self._group
+        if group is None or group.microbatches == 0:
+            self._group = None
+            return None
+        return self._close(now_ns, optimizer_stepped=False, **context)
+
+    def abandon(self) -> None:
+        """Training stopped mid-step (exception, interrupt): the open step is not a step."""
+        self._group = None
+        self._micro = None
+        self._pending_iter = None
+
+    # -- record ----------------------------------------------------------------------------
+
+    def _close(self, end_ns: int, *, optimizer_stepped: bool, **context: Any) -> dict[str, Any]:
+        group = self._group
+        assert group is not None
+        self._group = None
+        step_ns = end_ns - group.start_ns
+        named = (group.input_ns, group.h2d_ns, group.forward_ns, group.backward_ns)
+        named_total = sum(v for v in (*named, group.optimizer_ns) if v is not None)
+        residual_ns = step_ns - named_total
+        if residual_ns < 0:
+            # Phases are disjoint by construction; a negative residual means two hooks
+            # overlapped (e.g. a re-entrant forward). Count it instead of hiding it.
+            self.overlaps += 1
+            residual_ns = 0
+            step_ns = named_total
+        gap_ns = None if self._last_end_ns is None else group.start_ns - self._last_end_ns
+        self._last_end_ns = end_ns
+        record: dict[str, Any] = {
+            schema.KIND: schema.KIND_STEP,
+            schema.STEP_INDEX: self.steps_emitted,
+            schema.GLOBAL_STEP: context.get("global_step"),
+            schema.EPOCH: context.get("epoch"),
+            schema.MICROBATCHES: group.microbatches,
+            schema.OPTIMIZER_STEPPED: optimizer_stepped,
+            schema.T_START_MS: ns_to_ms(group.start_ns - self.origin_ns),
+            schema.GAP_MS: ns_to_ms(gap_ns),
+            schema.STEP: ns_to_ms(step_ns),
+            schema.INPUT_WAIT: ns_to_ms(group.input_ns),
+            schema.H2D: ns_to_ms(group.h2d_ns),
+            schema.FORWARD: ns_to_ms(group.forward_ns),
+            schema.BACKWARD: ns_to_ms(group.backward_ns),
+            schema.OPTIMIZER: ns_to_ms(group.optimizer_ns),
+            schema.RESIDUAL: ns_to_ms(residual_ns),
+        }
+        self.steps_emitted += 1
+        return record

@@ -1,0 +1,145 @@
+"""Device-side phase times (CUDA events) and the per-step peak-memory window.
+
+Host clocks see when work is *launched*; on CUDA the device runs behind. Events are recorded
+on the current stream at each phase boundary and read only once the step's last event has
+completed (``Event.query()``), so the hot path never calls ``synchronize()``. A step's record
+waits in a short queue until then; at the end of training the queue is drained (one
+synchronize, outside the measured steps).
+
+Peak memory comes from the caching allocator's counters, which it keeps on the host: reset at
+step start, read at step end, no device sync either.
+
+Everything that touches torch is passed in (event factory, memory functions) so the queue
+logic is tested on CPU with fake events.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from traceml import schema
+
+
+class EventLike(Protocol):
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+    def elapsed_time(self, end_event: Any) -> float: ...
+
+
+PHASE_FIELDS = {
+    "h2d": schema.GPU_H2D,
+    "forward": schema.GPU_FORWARD,
+    "backward": schema.GPU_BACKWARD,
+    "optimizer": schema.GPU_OPTIMIZER,
+}
+
+
+@dataclass
+class _PendingStep:
+    record: dict[str, Any]
+    start: EventLike
+    end: EventLike
+    intervals: dict[str, list[tuple[EventLike, EventLike]]]
+
+
+@dataclass
+class CudaStepTimer:
+    new_event: Callable[[], EventLike]
+    reset_peak: Callable[[], None] | None = None
+    peak_allocated: Callable[[], int] | None = None
+    peak_reserved: Callable[[], int] | None = None
+    _free: list[EventLike] = field(default_factory=list)
+    _step_start: EventLike | None = None
+    _open: dict[str, EventLike] = field(default_factory=dict)
+    _intervals: dict[str, list[tuple[EventLike, EventLike]]] = field(default_factory=dict)
+    _pending: deque[_PendingStep] = field(default_factory=deque)
+
+    def _event(self) -> EventLike:
+        event = self._free.pop() if self._free else self.new_event()
+        event.record()
+        return event
+
+    def step_started(self) -> None:
+        """First microbatch of a step: start the device clock and the memory window."""
+        if self._step_start is None:
+            self._step_start = self._event()
+            if self.reset_peak is not None:
+                self.reset_peak()
+
+    def phase_started(self, phase: str) -> None:
+        if self._step_start is not None and phase not in self._open:
+            self._open[phase] = self._event()
+
+    def phase_ended(self, phase: str) -> None:
+        start = self._open.pop(phase, None)
+        if start is not None:
+            self._intervals.setdefault(phase, []).append((start, self._event()))
+
+    def step_ended(self, record: dict[str, Any]) -> None:
+        """Queue ``record``: its GPU fields are filled once the device has caught up."""
+        if self._step_start is None:
+            return
+        for phase in list(self._open):
+            self.phase_ended(phase)
+        if self.peak_allocated is not None:
+            record[schema.MEM_PEAK_ALLOCATED] = int(self.peak_allocated())
+        if self.peak_reserved is not None:
+            record[schema.MEM_PEAK_RESERVED] = int(self.peak_reserved())
+        pending = _PendingStep(record, self._step_start, self._event(), self._intervals)
+        self._pending.append(pending)
+        self._step_start = None
+        self._intervals = {}
+
+    def abandon_step(self) -> None:
+        self._step_start = None
+        self._open.clear()
+        self._intervals = {}
+
+    def ready(self) -> Iterator[dict[str, Any]]:
+        """Records whose device work has finished, oldest first; never blocks."""
+        while self._pending and self._pending[0].end.query():
+            yield self._finish(self._pending.popleft())
+
+    def drain(self) -> Iterator[dict[str, Any]]:
+        """All queued records, waiting for the device (end of training only)."""
+        while self._pending:
+            pending = self._pending.popleft()
+            pending.end.synchronize()
+            yield self._finish(pending)
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    def _finish(self, pending: _PendingStep) -> dict[str, Any]:
+        record = pending.record
+        record[schema.GPU_STEP] = pending.start.elapsed_time(pending.end)
+        for phase, fieldname in PHASE_FIELDS.items():
+            pairs = pending.intervals.get(phase)
+            if pairs:
+                record[fieldname] = sum(start.elapsed_time(end) for start, end in pairs)
+        events = [pending.start, pending.end]
+        for pairs in pending.intervals.values():
+            for start, end in pairs:
+                events.extend((start, end))
+        self._free.extend(events)
+        return record
+
+
+def cuda_step_timer(device: Any) -> CudaStepTimer:
+    """A timer bound to a real CUDA device (imports torch)."""
+    import torch
+
+    def new_event() -> EventLike:
+        return torch.cuda.Event(enable_timing=True)
+
+    return CudaStepTimer(
+        new_event=new_event,
+        reset_peak=lambda: torch.cuda.reset_peak_memory_stats(device),
+        peak_allocated=lambda: torch.cuda.max_memory_allocated(device),
+        peak_reserved=lambda: torch.cuda.max_memory_reserved(device),
+    )

@@ -1,0 +1,140 @@
+"""Field names and versions of everything traceml writes: rank files and summaries.
+
+Every other module names fields through these constants, so a rename happens here once.
+Versions are "MAJOR.MINOR": readers accept any MINOR of a MAJOR they know and refuse a newer
+MAJOR with a one-line error.
+"""
+
+from __future__ import annotations
+
+RANK_SCHEMA = "traceml.rank/1.0"
+SUMMARY_SCHEMA = "traceml.summary/1.0"
+COMPARISON_SCHEMA = "traceml.comparison/1.0"
+MANIFEST_SCHEMA = "traceml.manifest/1.0"
+
+# Record kinds (one JSON object per line in ranks/rank_<R>.jsonl).
+KIND = "kind"
+KIND_HEADER = "header"
+KIND_STEP = "step"
+KIND_EVENT = "event"
+KIND_FOOTER = "footer"
+
+# Phases of one optimizer step, in the order they happen; residual is what none of them covers.
+INPUT_WAIT = "input_wait_ms"
+H2D = "h2d_ms"
+FORWARD = "forward_ms"
+BACKWARD = "backward_ms"
+OPTIMIZER = "optimizer_ms"
+RESIDUAL = "residual_ms"
+STEP = "step_ms"
+PHASES: tuple[str, ...] = (INPUT_WAIT, H2D, FORWARD, BACKWARD, OPTIMIZER, RESIDUAL)
+TIMED_FIELDS: tuple[str, ...] = (*PHASES, STEP)
+
+PHASE_LABELS: dict[str, str] = {
+    INPUT_WAIT: "Input Wait",
+    H2D: "H2D",
+    FORWARD: "Forward",
+    BACKWARD: "Backward",
+    OPTIMIZER: "Optimizer",
+    RESIDUAL: "Residual",
+    STEP: "Step",
+}
+
+# Device-side (CUDA event) times of the same phases; null on CPU.
+GPU_H2D = "gpu_h2d_ms"
+GPU_FORWARD = "gpu_forward_ms"
+GPU_BACKWARD = "gpu_backward_ms"
+GPU_OPTIMIZER = "gpu_optimizer_ms"
+GPU_STEP = "gpu_step_ms"
+GPU_FIELDS: tuple[str, ...] = (GPU_H2D, GPU_FORWARD, GPU_BACKWARD, GPU_OPTIMIZER, GPU_STEP)
+GPU_OF_PHASE: dict[str, str] = {
+    H2D: GPU_H2D,
+    FORWARD: GPU_FORWARD,
+    BACKWARD: GPU_BACKWARD,
+    OPTIMIZER: GPU_OPTIMIZER,
+    STEP: GPU_STEP,
+}
+
+# Step record fields besides the phases.
+STEP_INDEX = "step"
+GLOBAL_STEP = "global_step"
+EPOCH = "epoch"
+MICROBATCHES = "microbatches"
+T_START_MS = "t_ms"  # step start, ms since the header's clock origin
+GAP_MS = "gap_ms"  # time since the previous step ended (validation, checkpoints, epoch ends)
+MEM_PEAK_ALLOCATED = "mem_peak_allocated_bytes"
+MEM_PEAK_RESERVED = "mem_peak_reserved_bytes"
+RSS = "rss_bytes"
+OPTIMIZER_STEPPED = "optimizer_stepped"
+
+# Header fields.
+SCHEMA = "schema"
+RUN = "run"
+RANK = "rank"
+LOCAL_RANK = "local_rank"
+WORLD_SIZE = "world_size"
+NODE_RANK = "node_rank"
+HOST = "host"
+PID = "pid"
+STARTED_AT = "started_at"  # ISO-8601, UTC
+CLOCK_ORIGIN_UNIX = "clock_origin_unix"  # wall time (s) at perf_counter origin, to align ranks
+VERSIONS = "versions"
+DEVICE = "device"
+DEVICE_TYPE = "type"
+DEVICE_NAME = "name"
+DEVICE_TOTAL_MEMORY = "total_memory_bytes"
+TIMING = "timing"  # "host" or "host+cuda_events"
+SCRIPT = "script"
+INTEGRATION = "integration"
+ACCUMULATE_GRAD_BATCHES = "accumulate_grad_batches"
+BATCH_SIZE = "batch_size"
+SETTINGS = "settings"
+
+# Event fields.
+LEVEL = "level"
+CODE = "code"
+MESSAGE = "message"
+
+# Footer fields.
+STATUS = "status"
+STEPS = "steps"
+ENDED_AT = "ended_at"
+ERROR = "error"
+
+STATUS_COMPLETED = "completed"
+STATUS_EXCEPTION = "exception"
+STATUS_INTERRUPTED = "interrupted"
+STATUS_DISABLED = "disabled"  # traceml turned itself off mid-run (see the event lines)
+STATUS_UNSUPPORTED = "unsupported"  # the configuration was not traced at all
+
+# Event codes.
+EVENT_UNSUPPORTED = "unsupported"
+EVENT_DISABLED = "disabled"
+EVENT_MAX_STEPS = "trace_max_steps_reached"
+EVENT_VERSION = "untested_version"
+EVENT_NOTE = "note"
+
+
+def schema_major(schema: object, family: str) -> int | None:
+    """The MAJOR of ``"<family>/<MAJOR>.<MINOR>"``, or None when it is not of that family."""
+    if not isinstance(schema, str) or not schema.startswith(family + "/"):
+        return None
+    version = schema[len(family) + 1 :]
+    major, _, _minor = version.partition(".")
+    return int(major) if major.isdigit() else None
+
+
+def family_and_major(schema: str) -> tuple[str, int]:
+    family, _, version = schema.partition("/")
+    return family, int(version.partition(".")[0])
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank_{rank}.jsonl"
+
+
+RANKS_DIR = "ranks"
+SUMMARY_JSON = "final_summary.json"
+SUMMARY_TXT = "final_summary.txt"
+REPORT_HTML = "report.html"
+MANIFEST_JSON = "manifest.json"

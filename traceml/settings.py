@@ -1,0 +1,292 @@
+"""TRACEML_* environment <-> :class:`Settings`; the only module that reads the environment.
+
+(The one guarded line of ``traceml_bootstrap.pth`` also looks at ``TRACEML``: it must decide
+before importing anything.) The launcher writes settings back with :func:`settings_to_env`, so
+every process of one launch, however it was started, reads the same values here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traceml.thresholds import ThresholdError, parse_threshold_override
+
+ENV_ENABLE = "TRACEML"
+ENV_LOGS_DIR = "TRACEML_LOGS_DIR"
+ENV_RUN_NAME = "TRACEML_RUN_NAME"
+ENV_TRACE_MAX_STEPS = "TRACEML_TRACE_MAX_STEPS"
+ENV_REPORT = "TRACEML_REPORT"
+ENV_REPORT_WAIT_S = "TRACEML_REPORT_WAIT_S"
+ENV_HTML = "TRACEML_HTML"
+ENV_THRESHOLD_PREFIX = "TRACEML_THRESHOLD_"
+# Internal: set by `traceml run` so ranks leave the final report to the launcher.
+ENV_LAUNCHER = "TRACEML_LAUNCHER"
+# Internal: set by the first traceml-enabled process of a launch (the torchrun agent, or a
+# single-process script before Lightning re-launches it) so every rank derives one run name.
+ENV_LAUNCH_STAMP = "TRACEML_LAUNCH_STAMP"
+# Internal: "1" when TRACEML_RUN_NAME was derived by traceml, not chosen by the user. Ranks of
+# one job then adopt global rank 0's name at start-up, so they always share one directory.
+ENV_RUN_NAME_DERIVED = "TRACEML_RUN_NAME_DERIVED"
+
+DEFAULT_LOGS_DIR = "logs"
+DEFAULT_REPORT_WAIT_S = 10.0
+
+_OFF_VALUES = frozenset({"", "0", "false", "no", "off"})
+_ON_VALUES = frozenset({"1", "true", "yes", "on"})
+RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class SettingsError(ValueError):
+    """A TRACEML_* value that cannot be honoured; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    logs_dir: Path
+    run_name: str
+    trace_max_steps: int | None = None
+    report: bool = True
+    report_wait_s: float = DEFAULT_REPORT_WAIT_S
+    html: bool = False
+    launcher_managed: bool = False
+    thresholds: dict[str, float] = field(default_factory=dict)
+    run_name_explicit: bool = True
+
+    @property
+    def run_dir(self) -> Path:
+        return self.logs_dir / self.run_name
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    """What a launcher (torchrun, Lightning, SLURM-free setups) told this process about itself."""
+
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    node_rank: int | None
+    elastic_run_id: str | None
+
+
+def tracing_requested(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ENV_ENABLE, "").strip().lower() not in _OFF_VALUES
+
+
+def is_valid_run_name(name: str) -> bool:
+    return bool(RUN_NAME_PATTERN.match(name)) and name not in (".", "..")
+
+
+def sanitize_run_name(text: str) -> str:
+    """Turn a script stem into something :func:`is_valid_run_name` accepts."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", text).strip("._-") or "run"
+    return cleaned[:80]
+
+
+def make_launch_stamp(now: float | None = None) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+
+
+def interpreter_target(argv: Sequence[str]) -> tuple[str, str]:
+    """What an interpreter command line runs: ``("script", path)``, ``("module", name)``,
+    ``("code", source)`` or ``("none", "")``, from ``sys.orig_argv``-style arguments."""
+    args = list(argv[1:])
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg in ("-W", "-X", "--check-hash-based-pycs"):
+            index += 2
+            continue
+        for flag, kind in (("-m", "module"), ("-c", "code")):
+            if arg == flag:
+                return kind, args[index + 1] if index + 1 < len(args) else ""
+            if arg.startswith(flag):
+                return kind, arg[2:]
+        if arg.startswith("-") and arg != "-":
+            index += 1
+            continue
+        return "script", arg
+    return "none", ""
+
+
+def script_stem(argv: Sequence[str]) -> str:
+    """``python train.py`` -> ``train``; ``python -m pkg.train`` -> ``train``; else ``python``."""
+    kind, target = interpreter_target(argv)
+    if kind == "module":
+        return sanitize_run_name(target.rsplit(".", 1)[-1])
+    if kind == "script" and target != "-":
+        return sanitize_run_name(Path(target).stem)
+    return "python"
+
+
+def _parse_bool(name: str, raw: str, default: bool) -> bool:
+    value = raw.strip().lower()
+    if value == "":
+        return default
+    if value in _ON_VALUES:
+        return True
+    if value in _OFF_VALUES:
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a yes/no value (use 1 or 0)")
+
+
+def _parse_positive_int(name: str, raw: str) -> int | None:
+    value = raw.strip()
+    if value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a whole number") from None
+    if number < 1:
+        raise SettingsError(f"{name}={raw!r} must be at least 1")
+    return number
+
+
+def _parse_seconds(name: str, raw: str, default: float) -> float:
+    value = raw.strip()
+    if value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number of seconds") from None
+    if not number >= 0:
+        raise SettingsError(f"{name}={raw!r} must be zero or more seconds")
+    return number
+
+
+def parse_threshold_env(environ: Mapping[str, str]) -> dict[str, float]:
+    overrides: dict[str, float] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_THRESHOLD_PREFIX):
+            continue
+        try:
+            name, value = parse_threshold_override(key[len(ENV_THRESHOLD_PREFIX) :], raw)
+        except ThresholdError as exc:
+            raise SettingsError(f"{key}: {exc}") from None
+        overrides[name] = value
+    return overrides
+
+
+def default_run_name(
+    environ: Mapping[str, str], argv: Sequence[str], now: float | None = None
+) -> str:
+    """A run name every rank of one launch derives alike, with no flag.
+
+    Order: the launch stamp left by the first traced process (torchrun's agent, or rank 0
+    before Lightning starts the other local ranks); then torchelastic's run id when the user
+    chose one (multi-node launches share it); then this process's own start time.
+    """
+    stem = script_stem(argv)
+    stamp = environ.get(ENV_LAUNCH_STAMP, "").strip()
+    if stamp:
+        return sanitize_run_name(f"{stem}-{stamp}")
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run_id and run_id != "none":
+        return sanitize_run_name(f"{stem}-{run_id}")
+    return sanitize_run_name(f"{stem}-{make_launch_stamp(now)}")
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+    now: float | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Read every TRACEML_* variable; raise :class:`SettingsError` naming the first bad one."""
+    env = os.environ if environ is None else environ
+    args = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
+    base = Path.cwd() if cwd is None else cwd
+
+    logs_raw = env.get(ENV_LOGS_DIR, "").strip() or DEFAULT_LOGS_DIR
+    logs_dir = Path(logs_raw).expanduser()
+    if not logs_dir.is_absolute():
+        logs_dir = base / logs_dir
+
+    run_name = env.get(ENV_RUN_NAME, "").strip()
+    explicit = bool(run_name) and not _parse_bool(
+        ENV_RUN_NAME_DERIVED, env.get(ENV_RUN_NAME_DERIVED, ""), False
+    )
+    if run_name:
+        if not is_valid_run_name(run_name):
+            raise SettingsError(
+                f"{ENV_RUN_NAME}={run_name!r} is not a safe run name "
+                "(letters, digits, '.', '_' and '-' only, at most 128 characters)"
+            )
+    else:
+        run_name = default_run_name(env, args, now)
+
+    return Settings(
+        logs_dir=logs_dir,
+        run_name=run_name,
+        trace_max_steps=_parse_positive_int(ENV_TRACE_MAX_STEPS, env.get(ENV_TRACE_MAX_STEPS, "")),
+        report=_parse_bool(ENV_REPORT, env.get(ENV_REPORT, ""), True),
+        report_wait_s=_parse_seconds(
+            ENV_REPORT_WAIT_S, env.get(ENV_REPORT_WAIT_S, ""), DEFAULT_REPORT_WAIT_S
+        ),
+        html=_parse_bool(ENV_HTML, env.get(ENV_HTML, ""), False),
+        launcher_managed=_parse_bool(ENV_LAUNCHER, env.get(ENV_LAUNCHER, ""), False),
+        thresholds=parse_threshold_env(env),
+        run_name_explicit=explicit,
+    )
+
+
+def settings_to_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes :func:`load_settings` return ``settings`` in a child."""
+    env = {
+        ENV_ENABLE: "1",
+        ENV_LOGS_DIR: str(settings.logs_dir),
+        ENV_RUN_NAME: settings.run_name,
+        ENV_REPORT: "1" if settings.report else "0",
+        ENV_REPORT_WAIT_S: repr(settings.report_wait_s),
+        ENV_HTML: "1" if settings.html else "0",
+        ENV_LAUNCHER: "1" if settings.launcher_managed else "0",
+        ENV_RUN_NAME_DERIVED: "0" if settings.run_name_explicit else "1",
+    }
+    if settings.trace_max_steps is not None:
+        env[ENV_TRACE_MAX_STEPS] = str(settings.trace_max_steps)
+    for name, value in settings.thresholds.items():
+        env[ENV_THRESHOLD_PREFIX + name.upper()] = repr(value)
+    return env
+
+
+def pin_run_name(settings: Settings, environ: MutableMapping[str, str] | None = None) -> None:
+    """Export the chosen run name so processes this one starts (Lightning's DDP re-launch of
+    the script, spawn workers) join the same run directory."""
+    env = os.environ if environ is None else environ
+    env[ENV_RUN_NAME] = settings.run_name
+    env[ENV_RUN_NAME_DERIVED] = "0" if settings.run_name_explicit else "1"
+
+
+def mark_launch(environ: MutableMapping[str, str] | None = None, now: float | None = None) -> None:
+    """Leave a launch stamp for the processes a launcher agent will start."""
+    env = os.environ if environ is None else environ
+    if not env.get(ENV_LAUNCH_STAMP) and not env.get(ENV_RUN_NAME):
+        env[ENV_LAUNCH_STAMP] = make_launch_stamp(now)
+
+
+def distributed_env(environ: Mapping[str, str] | None = None) -> DistributedEnv:
+    env = os.environ if environ is None else environ
+
+    def as_int(name: str) -> int | None:
+        raw = env.get(name, "").strip()
+        try:
+            return int(raw) if raw else None
+        except ValueError:
+            return None
+
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip() or None
+    return DistributedEnv(
+        rank=as_int("RANK"),
+        local_rank=as_int("LOCAL_RANK"),
+        world_size=as_int("WORLD_SIZE"),
+        node_rank=as_int("GROUP_RANK") if as_int("GROUP_RANK") is not None else as_int("NODE_RANK"),
+        elastic_run_id=run_id,
+    )

@@ -1,0 +1,75 @@
+"""The one table of numbers that turn a summary into verdicts.
+
+Shares are fractions of median step time. Every entry can be overridden without code:
+``TRACEML_THRESHOLD_<NAME>=value`` in the environment, or ``--threshold name=value`` on
+``traceml run`` / ``traceml report``. The README documents each entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+THRESHOLDS: dict[str, float] = {
+    # First steps of every rank that the reducer leaves out of the statistics: they carry
+    # one-off costs (DataLoader worker start-up, lazy initialisation, allocator growth).
+    "warmup_steps": 2,
+    # Fewer steady (post-warm-up) steps than this on any rank: INSUFFICIENT_DATA.
+    "min_steps": 10,
+    # Input Wait share of step time: INPUT_BOUND.
+    "input_warn": 0.25,
+    "input_critical": 0.50,
+    # H2D share: H2D_BOUND.
+    "h2d_warn": 0.20,
+    "h2d_critical": 0.40,
+    # Optimizer share: OPTIMIZER_HEAVY.
+    "optimizer_warn": 0.30,
+    "optimizer_critical": 0.50,
+    # Residual share (loss, matching, logging, anything no phase names): RESIDUAL_HEAVY.
+    "residual_warn": 0.35,
+    "residual_critical": 0.60,
+    # Forward + Backward share at or above which the run is COMPUTE_BOUND (the healthy case).
+    "compute_share": 0.60,
+    # Slowest rank's own time (step minus Backward, which holds DDP's wait for the others)
+    # over the median rank's: STRAGGLER. Differences under straggler_min_ms are noise.
+    "straggler_warn": 1.20,
+    "straggler_critical": 1.50,
+    "straggler_min_ms": 1.0,
+    # Peak reserved device memory over device capacity: MEMORY_PRESSURE.
+    "memory_warn": 0.90,
+    "memory_critical": 0.97,
+}
+
+# Entries that count steps rather than measure a ratio.
+INTEGER_THRESHOLDS = frozenset({"warmup_steps", "min_steps"})
+
+
+class ThresholdError(ValueError):
+    """An override names an unknown threshold or gives a value that is not a number."""
+
+
+def parse_threshold_override(name: str, raw: str) -> tuple[str, float]:
+    """Validate one ``name=value`` override; return the canonical name and the number."""
+    key = name.strip().lower().replace("-", "_")
+    if key not in THRESHOLDS:
+        known = ", ".join(sorted(THRESHOLDS))
+        raise ThresholdError(f"unknown threshold {name!r} (known: {known})")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ThresholdError(f"threshold {key}={raw!r} is not a number") from None
+    if value < 0 or value != value:
+        raise ThresholdError(f"threshold {key}={raw!r} must be a non-negative number")
+    if key in INTEGER_THRESHOLDS:
+        if value != int(value):
+            raise ThresholdError(f"threshold {key}={raw!r} must be a whole number")
+        value = int(value)
+    return key, value
+
+
+def resolve_thresholds(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The defaults with validated overrides applied."""
+    merged = dict(THRESHOLDS)
+    for name, value in (overrides or {}).items():
+        key, number = parse_threshold_override(name, str(value))
+        merged[key] = number
+    return merged
