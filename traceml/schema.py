@@ -73,6 +73,7 @@ RUN = "run"
 RANK = "rank"
 LOCAL_RANK = "local_rank"
 WORLD_SIZE = "world_size"
+LOCAL_WORLD_SIZE = "local_world_size"  # ranks per node
 NODE_RANK = "node_rank"
 HOST = "host"
 PID = "pid"
@@ -138,3 +139,41 @@ SUMMARY_JSON = "final_summary.json"
 SUMMARY_TXT = "final_summary.txt"
 REPORT_HTML = "report.html"
 MANIFEST_JSON = "manifest.json"
+
+# --- Summary (final_summary.json) ------------------------------------------------------------
+# Top level.
+SUMMARY_RUN_DIR = "run_dir"
+SUMMARY_GENERATED_AT = "generated_at"
+SUMMARY_STATUS = "status"  # completed | partial | failed | interrupted | unsupported | empty
+SUMMARY_SETUP = "setup"
+SUMMARY_RANKS_EXPECTED = "ranks_expected"
+SUMMARY_RANKS_FOUND = "ranks_found"
+SUMMARY_RANKS_MISSING = "ranks_missing"
+SUMMARY_WARMUP = "warmup_steps_skipped"
+SUMMARY_STEPS_RECORDED = "steps_recorded"
+SUMMARY_STEPS_ANALYSED = "steps_analysed"
+SUMMARY_OVERALL = "overall"
+SUMMARY_RANKS = "ranks"
+SUMMARY_IMBALANCE = "imbalance"
+SUMMARY_VERDICTS = "verdicts"
+SUMMARY_NOTES = "notes"
+SUMMARY_THRESHOLDS = "thresholds"
+SUMMARY_APPROXIMATE = "approximate_quantiles"
+
+# Inside "overall" and each entry of "ranks".
+PHASE_STATS = "phases"  # field -> {count, sum, mean, min, median, p90, max}
+SHARES = "shares"  # phase -> fraction of step time (sum of phase / sum of step)
+STEPS_PER_S = "steps_per_s"
+SAMPLES_PER_S = "samples_per_s"
+PEAK_ALLOCATED = "mem_peak_allocated_bytes"
+PEAK_RESERVED = "mem_peak_reserved_bytes"
+PEAK_RSS = "rss_peak_bytes"
+BETWEEN_STEPS_MS = "between_steps_ms"  # sum of gap_ms: validation, checkpoints, epoch ends
+WALL_MS = "wall_ms"  # first step start to last step end
+DISTRIBUTIONS = "distributions"  # field -> DISTRIBUTION_POINTS quantiles (overall only)
+TIMELINE = "timeline"  # rank only: {"steps_per_bin", "first_step", "bins": [{phase: ms}]}
+OWN_MS = "own_ms"  # step minus Backward (Backward holds DDP's wait for other ranks)
+
+# Inside "imbalance".
+IMBALANCE_FIELDS = "fields"  # field -> {"max_over_median", "slowest_rank", "rank_medians"}
+SLOWEST_RANK = "slowest_rank"

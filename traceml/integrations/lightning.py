@@ -376,6 +376,7 @@ class StepTimingMixin:
             schema.LOCAL_RANK: int(getattr(trainer, "local_rank", 0) or 0),
             schema.WORLD_SIZE: int(getattr(trainer, "world_size", 1) or 1),
             schema.NODE_RANK: int(getattr(trainer, "node_rank", 0) or 0),
+            schema.LOCAL_WORLD_SIZE: int(getattr(trainer, "num_devices", 1) or 1),
         }
         console.set_rank(rank)
         if not self.settings.run_name_explicit and self.rank_info[schema.WORLD_SIZE] > 1:

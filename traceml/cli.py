@@ -1,0 +1,177 @@
+"""Command line: ``traceml run``, ``traceml report``, ``traceml compare``.
+
+Argument parsing only; the work is in launch / finalize / compare. Errors a user can fix are
+one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from traceml._version import __version__
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit code 2."""
+
+
+def _threshold_overrides(items: Sequence[str] | None) -> dict[str, float]:
+    from traceml.thresholds import ThresholdError, parse_threshold_override
+
+    overrides: dict[str, float] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--threshold {item!r}: expected NAME=VALUE, e.g. input_warn=0.2")
+        try:
+            key, number = parse_threshold_override(name, value)
+        except ThresholdError as exc:
+            raise UsageError(f"--threshold: {exc}") from None
+        overrides[key] = number
+    return overrides
+
+
+def _add_threshold_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        metavar="NAME=VALUE",
+        help="override a diagnosis threshold (see the README's table); repeatable",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="traceml",
+        description="Why is my training slow, and did my change make it faster?",
+    )
+    parser.add_argument("--version", action="version", version=f"traceml {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="run a training script traced, then print the diagnosis",
+        description=(
+            "Run SCRIPT (or -m MODULE) exactly as python would, with tracing on. Everything "
+            "after --args goes to the script unchanged."
+        ),
+    )
+    target = run.add_mutually_exclusive_group(required=True)
+    target.add_argument("script", nargs="?", help="the training script")
+    target.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    run.add_argument("--logs-dir", default="logs", help="where run directories go (./logs)")
+    run.add_argument("--run-name", help="run directory name (default: script name + time)")
+    run.add_argument(
+        "--trace-max-steps", type=int, metavar="N", help="record only the first N steps"
+    )
+    run.add_argument("--nproc-per-node", type=int, default=1, metavar="N")
+    run.add_argument("--nnodes", type=int, default=1, metavar="N")
+    run.add_argument("--node-rank", type=int, default=0, metavar="R")
+    run.add_argument("--master-addr", default=None)
+    run.add_argument("--master-port", type=int, default=None)
+    run.add_argument("--no-report", action="store_true", help="do not print the final report")
+    run.add_argument("--html", action="store_true", help="also write report.html")
+    run.add_argument(
+        "--report-wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="multi-node: how long node 0 waits for other nodes' rank files (30)",
+    )
+    _add_threshold_option(run)
+    run.add_argument(
+        "--args",
+        dest="args_marker",
+        action="store_true",
+        help="everything after --args goes to the script verbatim (put it last)",
+    )
+
+    report = commands.add_parser(
+        "report", help="(re)build the summary and report of a run directory"
+    )
+    report.add_argument("run_dir", help="a run directory (logs/<run-name>)")
+    report.add_argument("--json", action="store_true", help="print the summary JSON instead")
+    report.add_argument("--html", action="store_true", help="also write report.html")
+    _add_threshold_option(report)
+
+    compare = commands.add_parser(
+        "compare", help="compare two runs' final_summary.json (for people and for CI)"
+    )
+    compare.add_argument("baseline", help="A: the run before the change")
+    compare.add_argument("candidate", help="B: the run after the change")
+    compare.add_argument(
+        "--output", help="write <OUTPUT>.json and <OUTPUT>.txt (parent dirs are created)"
+    )
+    compare.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when step time got significantly slower by more than PCT %%; "
+        "exit 3 when the comparison is inconclusive",
+    )
+    compare.add_argument("--force", action="store_true", help="overwrite existing --output files")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    head, script_args = _split_script_args(args_list)
+    args = parser.parse_args(head)
+    args.script_args = script_args
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "run":
+            from traceml.launch import run_command
+
+            return run_command(args, thresholds=_threshold_overrides(args.threshold))
+        if args.command == "report":
+            return _report(args)
+        if args.command == "compare":
+            from traceml.compare import compare_command
+
+            return compare_command(args)
+    except UsageError as exc:
+        print(f"traceml: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE
+
+
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Everything after the first ``--args`` belongs to the script, untouched by argparse
+    (which would otherwise read the script's own ``--flags`` as traceml's)."""
+    if "--args" not in argv:
+        return argv, []
+    index = argv.index("--args")
+    return argv[:index], argv[index + 1 :]
+
+
+def _report(args: argparse.Namespace) -> int:
+    import orjson
+
+    from traceml.finalize import summarise
+    from traceml.reduce import ReduceError
+
+    thresholds = _threshold_overrides(args.threshold)
+    run_dir = Path(args.run_dir)
+    try:
+        summary, text = summarise(run_dir, thresholds=thresholds, html=args.html)
+    except ReduceError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the summary into {run_dir}: {exc.strerror or exc}"
+        ) from None
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,110 @@
+"""End of a run: wait for the ranks' files, reduce, diagnose, write the summary files, print.
+
+Shared by the launcher (``traceml run``), global rank 0 of a direct launch (at exit) and
+``traceml report``. Files are written whole and renamed into place, so a reader never sees half
+a summary.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceml import schema
+from traceml.diagnose import diagnose
+from traceml.reduce import list_rank_files, reduce_run
+from traceml.report import render_html, render_text
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def summarise(
+    run_dir: Path,
+    *,
+    thresholds: dict[str, float] | None = None,
+    notes: list[str] | None = None,
+    html: bool = False,
+    write: bool = True,
+) -> tuple[dict[str, Any], str]:
+    """Reduce + diagnose ``run_dir``; write final_summary.json/.txt (and report.html)."""
+    summary = reduce_run(run_dir, thresholds=thresholds)
+    if notes:
+        summary[schema.SUMMARY_NOTES] = list(notes) + summary[schema.SUMMARY_NOTES]
+    summary[schema.SUMMARY_VERDICTS] = diagnose(summary)
+    text = render_text(summary)
+    if write:
+        run_dir = Path(run_dir)
+        write_atomically(
+            run_dir / schema.SUMMARY_JSON,
+            orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE),
+        )
+        write_atomically(run_dir / schema.SUMMARY_TXT, text.encode())
+        if html:
+            write_atomically(run_dir / schema.REPORT_HTML, render_html(summary).encode())
+    return summary, text
+
+
+def _has_footer(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            tail = handle.read()
+    except OSError:
+        return False
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    return b'"kind":"footer"' in last
+
+
+def expected_world_size(run_dir: Path) -> int | None:
+    for path in list_rank_files(run_dir).values():
+        try:
+            with open(path, "rb") as handle:
+                first = handle.readline()
+            header = orjson.loads(first)
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(header, dict) and isinstance(header.get(schema.WORLD_SIZE), int):
+            return header[schema.WORLD_SIZE]
+    return None
+
+
+def wait_for_ranks(
+    run_dir: Path, world_size: int | None, timeout_s: float, poll_s: float = 0.2
+) -> bool:
+    """Wait (bounded) until every rank's file ends with a footer. Returns whether they all do."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    while True:
+        files = list_rank_files(run_dir)
+        size = world_size or expected_world_size(run_dir) or len(files) or 1
+        done = all(rank in files and _has_footer(files[rank]) for rank in range(size))
+        if done or time.monotonic() >= deadline:
+            return done
+        time.sleep(poll_s)
+
+
+def report_after_direct_launch(settings: Any) -> None:
+    """Global rank 0 of ``TRACEML=1 python|torchrun train.py``: report once the ranks are done."""
+    run_dir = Path(settings.run_dir)
+    complete = wait_for_ranks(run_dir, None, settings.report_wait_s)
+    notes = []
+    if not complete:
+        notes.append(
+            f"some ranks had not finished their files after {settings.report_wait_s:g} s; "
+            f"run `traceml report {run_dir}` later for the full picture"
+        )
+    _summary, text = summarise(
+        run_dir, thresholds=settings.thresholds, notes=notes, html=settings.html
+    )
+    sys.stdout.flush()
+    print("\n" + text, end="", flush=True)

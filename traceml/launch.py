@@ -1,0 +1,325 @@
+"""``traceml run``: run the user's script traced, as ``python`` or ``torchrun`` would, then report.
+
+The child runs in its own process group, so a signal reaches all of it (torchrun's agent, the
+workers, their DataLoader workers) and nothing is left behind when it ends. When the launcher
+owns the terminal, the child's group gets the foreground: Ctrl-C, ``input()`` and ``pdb`` work
+as with plain ``python``. The exit code is the script's; 130 / 143 after SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceml import schema
+from traceml.settings import (
+    Settings,
+    is_valid_run_name,
+    make_launch_stamp,
+    sanitize_run_name,
+    settings_to_env,
+)
+
+KILL_GRACE_S = 30.0
+# On one node the whole process group has exited: every rank file is final already.
+SINGLE_NODE_REPORT_WAIT_S = 0.0
+
+
+class LaunchError(Exception):
+    """Bad input to ``traceml run``; one line, exit code 2."""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    from traceml import __version__
+
+    found: dict[str, str | None] = {"python": sys.version.split()[0], "traceml": __version__}
+    for name in ("torch", "pytorch_lightning", "lightning", "rfdetr"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def build_child_command(args: argparse.Namespace, python: str = sys.executable) -> list[str]:
+    target = ["-m", args.module] if args.module else [args.script]
+    if args.nproc_per_node == 1 and args.nnodes == 1:
+        return [python, *target, *args.script_args]
+    command = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={args.nproc_per_node}",
+        f"--nnodes={args.nnodes}",
+    ]
+    if args.nnodes > 1:
+        command.append(f"--node-rank={args.node_rank}")
+    if args.master_addr or args.master_port or args.nnodes > 1:
+        command.append(f"--master-addr={args.master_addr or '127.0.0.1'}")
+        command.append(f"--master-port={args.master_port or 29500}")
+    else:
+        command.append("--standalone")
+    if args.module:
+        command.append("--module")
+        target = [args.module]
+    return [*command, *target, *args.script_args]
+
+
+def validate(args: argparse.Namespace) -> None:
+    if args.script is not None and not Path(args.script).is_file():
+        raise LaunchError(f"no such script: {args.script}")
+    for name in ("nproc_per_node", "nnodes"):
+        if getattr(args, name) < 1:
+            raise LaunchError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise LaunchError(f"--node-rank must be between 0 and {args.nnodes - 1}")
+    if args.trace_max_steps is not None and args.trace_max_steps < 1:
+        raise LaunchError("--trace-max-steps must be at least 1")
+    if args.run_name is not None and not is_valid_run_name(args.run_name):
+        raise LaunchError(
+            f"--run-name {args.run_name!r} is not a safe run name "
+            "(letters, digits, '.', '_' and '-' only, at most 128 characters)"
+        )
+
+
+def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Settings:
+    stem = args.module.rsplit(".", 1)[-1] if args.module else Path(args.script).stem
+    explicit = args.run_name is not None
+    run_name = args.run_name or sanitize_run_name(f"{stem}-{make_launch_stamp()}")
+    return Settings(
+        logs_dir=Path(args.logs_dir).expanduser().resolve(),
+        run_name=run_name,
+        trace_max_steps=args.trace_max_steps,
+        report=not args.no_report,
+        html=args.html,
+        launcher_managed=True,
+        thresholds=dict(thresholds),
+        run_name_explicit=explicit,
+    )
+
+
+def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> int:
+    from traceml.cli import UsageError
+
+    try:
+        validate(args)
+        settings = make_settings(args, thresholds)
+        run_dir = settings.run_dir
+        is_node_zero = args.node_rank == 0
+        if is_node_zero:
+            if run_dir.exists():
+                raise LaunchError(
+                    f"run directory {run_dir} already exists; choose another --run-name"
+                )
+            try:
+                (run_dir / schema.RANKS_DIR).mkdir(parents=True)
+            except OSError as exc:
+                raise LaunchError(f"cannot create {run_dir}: {exc.strerror or exc}") from None
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
+
+    command = build_child_command(args)
+    env = dict(os.environ)
+    env.update(settings_to_env(settings))
+    manifest: dict[str, Any] = {
+        schema.SCHEMA: schema.MANIFEST_SCHEMA,
+        "run": settings.run_name,
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "child_command": command,
+        "cwd": os.getcwd(),
+        "started_at": _utc_now(),
+        "ended_at": None,
+        "exit_code": None,
+        "signal": None,
+        "versions": _versions(),
+        "topology": {
+            "nnodes": args.nnodes,
+            "nproc_per_node": args.nproc_per_node,
+            "node_rank": args.node_rank,
+            "world_size": args.nnodes * args.nproc_per_node,
+            "master_addr": args.master_addr,
+            "master_port": args.master_port,
+        },
+    }
+    if is_node_zero:
+        _write_manifest(run_dir, manifest)
+
+    returncode, received = run_child(command, env)
+    exit_code = exit_code_for(returncode, received)
+
+    manifest.update(
+        ended_at=_utc_now(),
+        exit_code=exit_code,
+        signal=signal.Signals(received).name if received else None,
+    )
+    if not is_node_zero:
+        print(
+            f"traceml: node {args.node_rank} finished (exit code {exit_code}); "
+            "node 0 writes the report",
+            file=sys.stderr,
+        )
+        return exit_code
+    _write_manifest(run_dir, manifest)
+    exit_code = _report(args, settings, returncode, received, exit_code)
+    return exit_code
+
+
+def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    from traceml.finalize import write_atomically
+
+    with contextlib.suppress(OSError):
+        write_atomically(
+            run_dir / schema.MANIFEST_JSON,
+            orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE),
+        )
+
+
+def exit_code_for(returncode: int, received: int | None) -> int:
+    if received is not None:
+        return 128 + received
+    if returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+def _report(
+    args: argparse.Namespace,
+    settings: Settings,
+    returncode: int,
+    received: int | None,
+    exit_code: int,
+) -> int:
+    from traceml.finalize import summarise, wait_for_ranks
+    from traceml.reduce import ReduceError
+
+    run_dir = settings.run_dir
+    wait = args.report_wait if args.nnodes > 1 else SINGLE_NODE_REPORT_WAIT_S
+    world_size = args.nnodes * args.nproc_per_node
+    wait_for_ranks(run_dir, world_size if world_size > 1 else None, wait)
+    notes = []
+    if received is not None:
+        notes.append(
+            f"traceml run received {signal.Signals(received).name} and stopped the training; "
+            "this report covers the steps finished before that"
+        )
+    elif exit_code != 0:
+        notes.append(
+            f"the script exited with code {exit_code}: training did not finish, "
+            "this report covers the steps recorded before that"
+        )
+    try:
+        summary, text = summarise(
+            run_dir, thresholds=settings.thresholds, notes=notes, html=settings.html
+        )
+    except ReduceError:
+        print(
+            "traceml: no training steps were recorded (did the script train with Lightning "
+            "or RF-DETR, and configure devices from WORLD_SIZE when launched with "
+            f"--nproc-per-node?); run directory: {run_dir}",
+            file=sys.stderr,
+        )
+        return exit_code
+    except OSError as exc:
+        print(f"traceml: could not write the report: {exc}", file=sys.stderr)
+        return exit_code
+    if settings.report:
+        sys.stderr.flush()
+        print("\n" + text, end="", flush=True)
+    if received is None and exit_code != 0 and _was_keyboard_interrupt(summary):
+        return 130
+    return exit_code
+
+
+def _was_keyboard_interrupt(summary: dict[str, Any]) -> bool:
+    return any("KeyboardInterrupt" in note for note in summary.get(schema.SUMMARY_NOTES, []))
+
+
+# ----------------------------------------------------------------------------------------------
+# The child process
+
+
+def run_child(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run ``command`` in its own process group; forward SIGINT/SIGTERM to the whole group.
+
+    Returns the child's return code and the signal the launcher received (or None).
+    """
+    received: list[int] = []
+    popen_kwargs: dict[str, Any] = {"env": env}
+    if sys.version_info >= (3, 11):
+        popen_kwargs["process_group"] = 0
+    else:  # pragma: no cover - Python 3.10
+        popen_kwargs["preexec_fn"] = os.setpgrp
+    child = subprocess.Popen(command, **popen_kwargs)
+    terminal = _hand_terminal_to(child.pid)
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        returncode = _wait(child, received)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _take_terminal_back(terminal)
+        # Anything the script left running in its group (DataLoader workers, torchrun
+        # workers whose agent died) goes with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    return returncode, (received[0] if received else None)
+
+
+def _wait(child: subprocess.Popen, received: list[int]) -> int:
+    deadline = None
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if received and deadline is None:
+            deadline = time.monotonic() + KILL_GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+
+
+def _hand_terminal_to(pgid: int) -> int | None:
+    """Give the terminal's foreground to the child's group, as a shell does for a job."""
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+        os.tcsetpgrp(fd, pgid)
+        return fd
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _take_terminal_back(fd: int | None) -> None:
+    if fd is None:
+        return
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, os.getpgrp())
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, previous)

@@ -1,0 +1,583 @@
+"""Rank files -> summary dict. Pure Python; never imports torch or Lightning.
+
+Reads ``<run_dir>/ranks/rank_*.jsonl`` one rank at a time (so memory is bounded by the
+largest rank), in chunks of lines (so it is bounded by that rank's numbers, not its parsed
+records). Damage is reported, never raised: a truncated last line, a missing footer, a missing
+rank, an empty file each become a note. Only two things are errors: no rank files at all, and
+a rank file of a newer schema than this traceml understands.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceml import schema, stats
+from traceml.thresholds import resolve_thresholds
+
+_RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
+_CHUNK_LINES = 8192
+TIMELINE_BINS = 200
+
+# Step fields the reducer keeps per step (the rest of a record is not needed after reading).
+_COLUMNS: tuple[str, ...] = (
+    *schema.TIMED_FIELDS,
+    *schema.GPU_FIELDS,
+    schema.GAP_MS,
+    schema.T_START_MS,
+    schema.MEM_PEAK_ALLOCATED,
+    schema.MEM_PEAK_RESERVED,
+    schema.RSS,
+    schema.MICROBATCHES,
+)
+_STAT_FIELDS: tuple[str, ...] = (*schema.TIMED_FIELDS, *schema.GPU_FIELDS, schema.OWN_MS)
+
+
+class ReduceError(Exception):
+    """The run directory cannot be summarised at all (the message is one line for users)."""
+
+
+@dataclass
+class RankRecords:
+    """Everything read from one rank file."""
+
+    rank: int
+    path: Path
+    header: dict[str, Any] | None = None
+    footer: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    columns: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in _COLUMNS})
+    bad_lines: int = 0
+    truncated_tail: bool = False
+
+    @property
+    def step_count(self) -> int:
+        return len(self.columns[schema.STEP])
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+
+
+def list_rank_files(run_dir: Path) -> dict[int, Path]:
+    ranks_dir = Path(run_dir) / schema.RANKS_DIR
+    found: dict[int, Path] = {}
+    if ranks_dir.is_dir():
+        for path in ranks_dir.iterdir():
+            match = _RANK_FILE.match(path.name)
+            if match and path.is_file():
+                found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def _parse_chunk(lines: list[bytes]) -> Iterator[tuple[dict[str, Any] | None, bytes]]:
+    """Yield (record or None, raw line); one orjson call per chunk in the common case."""
+    try:
+        records = orjson.loads(b"[" + b",".join(lines) + b"]")
+        if all(isinstance(record, dict) for record in records):
+            yield from zip(records, lines, strict=True)
+            return
+    except orjson.JSONDecodeError:
+        pass
+    for line in lines:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            record = None
+        yield (record if isinstance(record, dict) else None), line
+
+
+def read_rank_file(path: Path, rank: int) -> RankRecords:
+    data = RankRecords(rank=rank, path=path)
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    ends_cleanly = raw.endswith(b"\n") or not raw
+    if lines and lines[-1] == b"":
+        lines.pop()
+    total = len(lines)
+    columns = data.columns
+    for start in range(0, total, _CHUNK_LINES):
+        chunk = [line for line in lines[start : start + _CHUNK_LINES] if line.strip()]
+        for index, (record, _line) in enumerate(_parse_chunk(chunk)):
+            if record is None:
+                is_last = start + index == total - 1
+                if is_last and not ends_cleanly:
+                    data.truncated_tail = True
+                else:
+                    data.bad_lines += 1
+                continue
+            kind = record.get(schema.KIND)
+            if kind == schema.KIND_STEP:
+                if not isinstance(record.get(schema.STEP), (int, float)):
+                    data.bad_lines += 1
+                    continue
+                for column in _COLUMNS:
+                    columns[column].append(record.get(column))
+            elif kind == schema.KIND_HEADER and data.header is None:
+                _check_rank_schema(record, path)
+                data.header = record
+            elif kind == schema.KIND_EVENT:
+                data.events.append(record)
+            elif kind == schema.KIND_FOOTER:
+                data.footer = record
+    del lines, raw
+    return data
+
+
+def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
+    family, supported_major = schema.family_and_major(schema.RANK_SCHEMA)
+    major = schema.schema_major(header.get(schema.SCHEMA), family)
+    if major is None:
+        raise ReduceError(
+            f"{path} is not a traceml rank file (schema {header.get(schema.SCHEMA)!r})"
+        )
+    if major != supported_major:
+        raise ReduceError(
+            f"{path} has schema {header.get(schema.SCHEMA)}; this traceml reads "
+            f"{family}/{supported_major}.x (install the traceml version that wrote it)"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-rank reduction
+
+
+def _own_ms(columns: dict[str, list[Any]]) -> list[float | None]:
+    steps, backwards = columns[schema.STEP], columns[schema.BACKWARD]
+    return [
+        None if step is None else step - (backward or 0.0)
+        for step, backward in zip(steps, backwards, strict=True)
+    ]
+
+
+def _present(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _max_or_none(values: list[Any]) -> int | float | None:
+    present = _present(values)
+    return max(present) if present else None
+
+
+def _timeline(columns: dict[str, list[Any]], warmup: int) -> dict[str, Any]:
+    count = len(columns[schema.STEP])
+    per_bin = max(1, math.ceil(count / TIMELINE_BINS))
+    bins = []
+    for start in range(0, count, per_bin):
+        entry: dict[str, Any] = {}
+        for fieldname in schema.TIMED_FIELDS:
+            values = _present(columns[fieldname][start : start + per_bin])
+            entry[fieldname] = math.fsum(values) / len(values) if values else None
+        bins.append(entry)
+    return {"steps_per_bin": per_bin, "warmup_steps": warmup, "bins": bins}
+
+
+def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[str, stats.Sketch]]:
+    """One rank's summary entry, and the sketches its analysed steps add to the overall view."""
+    columns = dict(data.columns)
+    columns[schema.OWN_MS] = _own_ms(columns)
+    count = data.step_count
+    skipped = min(warmup, count) if count > warmup else 0
+    header = data.header or {}
+    entry: dict[str, Any] = {
+        schema.RANK: data.rank,
+        schema.LOCAL_RANK: header.get(schema.LOCAL_RANK),
+        schema.NODE_RANK: header.get(schema.NODE_RANK),
+        schema.HOST: header.get(schema.HOST),
+        schema.STATUS: (data.footer or {}).get(schema.STATUS),
+        schema.SUMMARY_STEPS_RECORDED: count,
+        schema.SUMMARY_STEPS_ANALYSED: count - skipped,
+        schema.SUMMARY_WARMUP: skipped,
+    }
+    phase_stats: dict[str, Any] = {}
+    sketches: dict[str, stats.Sketch] = {}
+    sums: dict[str, float] = {}
+    for fieldname in _STAT_FIELDS:
+        values = sorted(_present(columns[fieldname][skipped:]))
+        if not values:
+            phase_stats[fieldname] = None
+            continue
+        phase_stats[fieldname] = stats.describe_sorted(values)
+        sketches[fieldname] = stats.sketch_sorted(values)
+        sums[fieldname] = phase_stats[fieldname]["sum"]
+    entry[schema.PHASE_STATS] = phase_stats
+    entry[schema.SHARES] = shares_from_sums(sums)
+    step_stats = phase_stats.get(schema.STEP)
+    entry[schema.STEPS_PER_S] = (
+        1000.0 / step_stats["mean"] if step_stats and step_stats["mean"] > 0 else None
+    )
+    entry[schema.PEAK_ALLOCATED] = _max_or_none(columns[schema.MEM_PEAK_ALLOCATED])
+    entry[schema.PEAK_RESERVED] = _max_or_none(columns[schema.MEM_PEAK_RESERVED])
+    entry[schema.PEAK_RSS] = _max_or_none(columns[schema.RSS])
+    gaps = _present(columns[schema.GAP_MS])
+    entry[schema.BETWEEN_STEPS_MS] = math.fsum(gaps) if gaps else (0.0 if count else None)
+    starts = columns[schema.T_START_MS]
+    if count and isinstance(starts[0], (int, float)) and isinstance(starts[-1], (int, float)):
+        entry[schema.WALL_MS] = starts[-1] + (columns[schema.STEP][-1] or 0.0) - starts[0]
+    else:
+        entry[schema.WALL_MS] = None
+    entry[schema.TIMELINE] = _timeline(columns, skipped)
+    return entry, sketches
+
+
+def shares_from_sums(sums: dict[str, float]) -> dict[str, float | None]:
+    total = sums.get(schema.STEP)
+    shares: dict[str, float | None] = {}
+    for phase in schema.PHASES:
+        value = sums.get(phase)
+        shares[phase] = value / total if (value is not None and total) else None
+    for fieldname in schema.GPU_FIELDS:
+        if fieldname == schema.GPU_STEP:
+            continue
+        value = sums.get(fieldname)
+        gpu_total = sums.get(schema.GPU_STEP)
+        shares[fieldname] = value / gpu_total if (value is not None and gpu_total) else None
+    return shares
+
+
+# ----------------------------------------------------------------------------------------------
+# Notes about what a rank file says or lacks
+
+
+def rank_notes(data: RankRecords, trace_max_steps_note: list[str]) -> list[str]:
+    rank = data.rank
+    notes: list[str] = []
+    if data.header is None:
+        if data.step_count == 0 and not data.events and data.footer is None:
+            notes.append(f"rank {rank}: its file is empty (the process ended before training)")
+        else:
+            notes.append(f"rank {rank}: its file has no header line")
+    if data.truncated_tail:
+        notes.append(
+            f"rank {rank}: the last line was cut short (the process was probably killed); "
+            f"{data.step_count} complete steps kept"
+        )
+    if data.bad_lines:
+        notes.append(f"rank {rank}: {data.bad_lines} unreadable lines skipped")
+    for event in data.events:
+        code = event.get(schema.CODE)
+        message = event.get(schema.MESSAGE, "")
+        if code == schema.EVENT_UNSUPPORTED:
+            notes.append(f"rank {rank}: not traced: {message}; it trained natively")
+        elif code == schema.EVENT_DISABLED:
+            notes.append(
+                f"rank {rank}: tracing turned itself off after {event.get('at_step', '?')} "
+                f"steps: {message}"
+            )
+        elif code == schema.EVENT_MAX_STEPS:
+            if not trace_max_steps_note:
+                trace_max_steps_note.append(message)
+        elif code in (schema.EVENT_VERSION, schema.EVENT_NOTE) and message:
+            notes.append(f"rank {rank}: {message}")
+    footer = data.footer
+    if data.header is not None and footer is None:
+        notes.append(
+            f"rank {rank}: no footer: the process ended without closing its file "
+            "(killed, or still running)"
+        )
+    elif footer is not None:
+        status = footer.get(schema.STATUS)
+        error = footer.get(schema.ERROR)
+        if status == schema.STATUS_EXCEPTION:
+            notes.append(
+                f"rank {rank}: training failed after {data.step_count} steps"
+                + (f" ({error})" if error else "")
+            )
+        elif status == schema.STATUS_INTERRUPTED:
+            notes.append(
+                f"rank {rank}: training was interrupted after {data.step_count} steps"
+                + (f" ({error})" if error else "")
+            )
+    return notes
+
+
+def _dedupe_rank_notes(notes: list[str], ranks: int) -> list[str]:
+    """'rank 0: X', 'rank 1: X' ... -> 'all N ranks: X' when every rank says the same."""
+    by_text: dict[str, list[str]] = {}
+    order: list[str] = []
+    for note in notes:
+        prefix, sep, text = note.partition(": ")
+        key = text if sep and prefix.startswith("rank ") else note
+        if key not in by_text:
+            order.append(key)
+        by_text.setdefault(key, []).append(note)
+    result = []
+    for key in order:
+        group = by_text[key]
+        if ranks > 1 and len(group) == ranks and group[0] != key:
+            result.append(f"all {ranks} ranks: {key}")
+        else:
+            result.extend(group)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole run
+
+
+def reduce_run(
+    run_dir: Path | str,
+    *,
+    thresholds: dict[str, float] | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Summarise a run directory. Raises :class:`ReduceError` only when nothing can be said."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReduceError(f"{run_dir} is not a directory")
+    files = list_rank_files(run_dir)
+    if not files:
+        raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
+    limits = resolve_thresholds(thresholds)
+    warmup = int(limits["warmup_steps"])
+
+    rank_entries: list[dict[str, Any]] = []
+    merged: dict[str, list[stats.Sketch]] = {}
+    merged_sums: dict[str, float] = {}
+    merged_counts: dict[str, int] = {}
+    merged_extremes: dict[str, tuple[float, float]] = {}
+    notes: list[str] = []
+    max_steps_note: list[str] = []
+    headers: dict[int, dict[str, Any]] = {}
+    statuses: dict[int, str | None] = {}
+    approximate = False
+
+    for rank, path in files.items():
+        data = read_rank_file(path, rank)
+        notes.extend(rank_notes(data, max_steps_note))
+        statuses[rank] = (data.footer or {}).get(schema.STATUS)
+        if data.header is not None:
+            headers[rank] = data.header
+        entry, sketches = reduce_rank(data, warmup)
+        rank_entries.append(entry)
+        for fieldname, sketch in sketches.items():
+            approximate = approximate or sketch[1] != 1.0
+            merged.setdefault(fieldname, []).append(sketch)
+            described = entry[schema.PHASE_STATS][fieldname]
+            merged_sums[fieldname] = merged_sums.get(fieldname, 0.0) + described["sum"]
+            merged_counts[fieldname] = merged_counts.get(fieldname, 0) + described["count"]
+            low, high = merged_extremes.get(fieldname, (math.inf, -math.inf))
+            merged_extremes[fieldname] = (min(low, described["min"]), max(high, described["max"]))
+        del data
+
+    world_size = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
+    world_size = max(world_size, max(files) + 1)
+    expected = list(range(world_size))
+    missing = [rank for rank in expected if rank not in files]
+    if missing:
+        notes.append(_missing_ranks_note(missing, headers))
+    if max_steps_note:
+        notes.append(max_steps_note[0])
+
+    overall = _overall(merged, merged_sums, merged_counts, merged_extremes, rank_entries)
+    steps_recorded = sum(e[schema.SUMMARY_STEPS_RECORDED] for e in rank_entries)
+    steps_analysed = sum(e[schema.SUMMARY_STEPS_ANALYSED] for e in rank_entries)
+    skipped = max((e[schema.SUMMARY_WARMUP] for e in rank_entries), default=0)
+    if skipped:
+        notes.insert(
+            0,
+            f"skipped the first {skipped} step{'s' if skipped != 1 else ''} of each rank as "
+            "warm-up (DataLoader start-up, lazy initialisation, allocator growth); "
+            f"{steps_analysed} of {steps_recorded} steps analysed",
+        )
+    elif steps_recorded and steps_recorded <= warmup * len(rank_entries):
+        notes.insert(0, "too few steps to skip a warm-up: every recorded step is analysed")
+
+    setup = _setup(headers, world_size)
+    batch = setup.get(schema.BATCH_SIZE)
+    accumulate = setup.get(schema.ACCUMULATE_GRAD_BATCHES) or 1
+    if overall.get(schema.STEPS_PER_S) and isinstance(batch, int):
+        overall[schema.SAMPLES_PER_S] = (
+            overall[schema.STEPS_PER_S] * batch * accumulate * world_size
+        )
+    else:
+        overall[schema.SAMPLES_PER_S] = None
+
+    summary: dict[str, Any] = {
+        schema.SCHEMA: schema.SUMMARY_SCHEMA,
+        schema.RUN: _run_name(headers, run_dir),
+        schema.SUMMARY_RUN_DIR: str(run_dir.resolve()),
+        schema.SUMMARY_GENERATED_AT: (now or datetime.now(timezone.utc)).isoformat(
+            timespec="seconds"
+        ),
+        schema.SUMMARY_STATUS: _run_status(statuses, missing, steps_recorded, headers, files),
+        schema.WORLD_SIZE: world_size,
+        schema.SUMMARY_RANKS_EXPECTED: expected,
+        schema.SUMMARY_RANKS_FOUND: list(files),
+        schema.SUMMARY_RANKS_MISSING: missing,
+        schema.SUMMARY_SETUP: setup,
+        schema.SUMMARY_WARMUP: skipped,
+        schema.SUMMARY_STEPS_RECORDED: steps_recorded,
+        schema.SUMMARY_STEPS_ANALYSED: steps_analysed,
+        schema.SUMMARY_APPROXIMATE: approximate,
+        schema.SUMMARY_OVERALL: overall,
+        schema.SUMMARY_RANKS: rank_entries,
+        schema.SUMMARY_IMBALANCE: _imbalance(rank_entries),
+        schema.SUMMARY_THRESHOLDS: limits,
+        schema.SUMMARY_NOTES: _dedupe_rank_notes(notes, len(rank_entries)),
+    }
+    return summary
+
+
+def _overall(
+    merged: dict[str, list[stats.Sketch]],
+    sums: dict[str, float],
+    counts: dict[str, int],
+    extremes: dict[str, tuple[float, float]],
+    rank_entries: list[dict[str, Any]],
+) -> dict[str, Any]:
+    phase_stats: dict[str, Any] = {}
+    distributions: dict[str, list[float]] = {}
+    ps = stats.distribution_ps()
+    for fieldname in _STAT_FIELDS:
+        sketches = merged.get(fieldname)
+        if not sketches:
+            phase_stats[fieldname] = None
+            continue
+        median, p90 = stats.merged_quantiles(sketches, (0.5, 0.9))
+        low, high = extremes[fieldname]
+        phase_stats[fieldname] = {
+            "count": counts[fieldname],
+            "sum": sums[fieldname],
+            "mean": sums[fieldname] / counts[fieldname],
+            "min": low,
+            "median": median,
+            "p90": p90,
+            "max": high,
+        }
+        if fieldname in schema.TIMED_FIELDS or fieldname in schema.GPU_FIELDS:
+            quantiles = stats.merged_quantiles(sketches, ps)
+            distributions[fieldname] = [round(v, 6) for v in quantiles]
+    step_stats = phase_stats.get(schema.STEP)
+    overall: dict[str, Any] = {
+        schema.PHASE_STATS: phase_stats,
+        schema.SHARES: shares_from_sums(sums),
+        schema.STEPS_PER_S: (
+            1000.0 / step_stats["mean"] if step_stats and step_stats["mean"] > 0 else None
+        ),
+        schema.PEAK_ALLOCATED: _max_or_none([e[schema.PEAK_ALLOCATED] for e in rank_entries]),
+        schema.PEAK_RESERVED: _max_or_none([e[schema.PEAK_RESERVED] for e in rank_entries]),
+        schema.PEAK_RSS: _max_or_none([e[schema.PEAK_RSS] for e in rank_entries]),
+        schema.BETWEEN_STEPS_MS: _max_or_none([e[schema.BETWEEN_STEPS_MS] for e in rank_entries]),
+        schema.WALL_MS: _max_or_none([e[schema.WALL_MS] for e in rank_entries]),
+        schema.DISTRIBUTIONS: distributions,
+    }
+    return overall
+
+
+def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    with_data = [e for e in rank_entries if (e[schema.PHASE_STATS].get(schema.STEP) or {})]
+    if len(with_data) < 2:
+        return None
+    fields: dict[str, Any] = {}
+    for fieldname in (*schema.TIMED_FIELDS, schema.OWN_MS):
+        medians = {
+            e[schema.RANK]: e[schema.PHASE_STATS][fieldname]["median"]
+            for e in with_data
+            if e[schema.PHASE_STATS].get(fieldname)
+        }
+        if len(medians) < 2:
+            continue
+        ordered = sorted(medians.values())
+        middle = stats.quantile_sorted(ordered, 0.5)
+        slowest = max(medians, key=lambda rank: medians[rank])
+        fields[fieldname] = {
+            "max_over_median": medians[slowest] / middle if middle > 0 else None,
+            "slowest_rank": slowest,
+            "median_across_ranks_ms": middle,
+            "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
+        }
+    own = fields.get(schema.OWN_MS) or fields.get(schema.STEP)
+    return {
+        schema.IMBALANCE_FIELDS: fields,
+        schema.SLOWEST_RANK: own["slowest_rank"] if own else None,
+    }
+
+
+def _setup(headers: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """What the run was: device, versions, script... taken from the lowest rank's header."""
+    if not headers:
+        return {schema.WORLD_SIZE: world_size}
+    first = headers[min(headers)]
+    device = first.get(schema.DEVICE) or {}
+    hosts = sorted({h.get(schema.HOST) for h in headers.values() if h.get(schema.HOST)})
+    nodes = sorted(
+        {h.get(schema.NODE_RANK) for h in headers.values() if h.get(schema.NODE_RANK) is not None}
+    )
+    return {
+        schema.WORLD_SIZE: world_size,
+        "device": device.get(schema.DEVICE_TYPE),
+        "device_name": device.get(schema.DEVICE_NAME),
+        schema.DEVICE_TOTAL_MEMORY: device.get(schema.DEVICE_TOTAL_MEMORY),
+        schema.TIMING: first.get(schema.TIMING),
+        schema.VERSIONS: first.get(schema.VERSIONS) or {},
+        schema.SCRIPT: first.get(schema.SCRIPT),
+        schema.INTEGRATION: first.get(schema.INTEGRATION),
+        schema.BATCH_SIZE: first.get(schema.BATCH_SIZE),
+        schema.ACCUMULATE_GRAD_BATCHES: first.get(schema.ACCUMULATE_GRAD_BATCHES),
+        "num_workers": first.get("num_workers"),
+        "trace_max_steps": (first.get(schema.SETTINGS) or {}).get("trace_max_steps"),
+        "hosts": hosts,
+        "nodes": nodes,
+        schema.LOCAL_WORLD_SIZE: first.get(schema.LOCAL_WORLD_SIZE),
+    }
+
+
+def _missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) -> str:
+    ranks = ", ".join(str(r) for r in missing)
+    per_node = None
+    for header in headers.values():
+        if (
+            isinstance(header.get(schema.LOCAL_WORLD_SIZE), int)
+            and header[schema.LOCAL_WORLD_SIZE] > 0
+        ):
+            per_node = header[schema.LOCAL_WORLD_SIZE]
+            break
+    text = f"rank{'s' if len(missing) > 1 else ''} {ranks} missing: no rank file"
+    if per_node:
+        nodes = sorted({r // per_node for r in missing})
+        seen_nodes = {h.get(schema.NODE_RANK) for h in headers.values()}
+        absent = [n for n in nodes if n not in seen_nodes]
+        if absent:
+            text += (
+                f" (node{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} wrote "
+                "nothing here: is the logs dir on a filesystem all nodes share?)"
+            )
+        else:
+            text += f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))})"
+    return text
+
+
+def _run_name(headers: dict[int, dict[str, Any]], run_dir: Path) -> str:
+    for header in headers.values():
+        if header.get(schema.RUN):
+            return str(header[schema.RUN])
+    return run_dir.name
+
+
+def _run_status(
+    statuses: dict[int, str | None],
+    missing: list[int],
+    steps: int,
+    headers: dict[int, dict[str, Any]],
+    files: dict[int, Path],
+) -> str:
+    values = list(statuses.values())
+    if schema.STATUS_EXCEPTION in values:
+        return "failed"
+    if schema.STATUS_INTERRUPTED in values:
+        return "interrupted"
+    if values and all(v == schema.STATUS_UNSUPPORTED for v in values):
+        return "unsupported"
+    if steps == 0:
+        return "empty"
+    if missing or None in values or len(headers) < len(files):
+        return "partial"
+    return "completed"

@@ -1,0 +1,330 @@
+"""Summary -> the text a user reads (final_summary.txt, the terminal) and report.html. Pure.
+
+Text fits 100 columns: the verdict first, then the phase table, per-rank rows when there is
+more than one rank, then notes. The HTML page is self-contained (inline CSS and SVG, no script,
+no network) with a per-rank timeline of step time stacked by phase.
+"""
+
+from __future__ import annotations
+
+import html
+import textwrap
+from typing import Any
+
+from traceml import schema
+from traceml.diagnose import label
+
+WIDTH = 100
+
+
+def _ms(value: float | None, width: int = 9) -> str:
+    if value is None:
+        return "-".rjust(width)
+    if value >= 1000:
+        return f"{value:,.0f}".rjust(width)
+    if value >= 100:
+        return f"{value:.1f}".rjust(width)
+    return f"{value:.2f}".rjust(width)
+
+
+def _share(value: float | None, width: int = 7) -> str:
+    return ("-" if value is None else f"{value * 100:.1f}%").rjust(width)
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _wrap(text: str, first: str, rest: str | None = None) -> list[str]:
+    return textwrap.wrap(
+        text,
+        width=WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest if rest is not None else " " * len(first),
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
+
+
+def headline(summary: dict[str, Any]) -> str:
+    ranks = summary.get(schema.WORLD_SIZE, 1)
+    setup = summary.get(schema.SUMMARY_SETUP) or {}
+    device = setup.get("device") or "unknown device"
+    return (
+        f"traceml: {summary.get(schema.RUN)} ({summary.get(schema.SUMMARY_STATUS)}; "
+        f"{ranks} rank{'s' if ranks != 1 else ''}, {device}; "
+        f"{summary.get(schema.SUMMARY_STEPS_ANALYSED, 0)} of "
+        f"{summary.get(schema.SUMMARY_STEPS_RECORDED, 0)} steps analysed)"
+    )
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    lines: list[str] = []
+    lines.extend(_wrap(headline(summary), ""))
+    lines.append("")
+    verdicts = summary.get(schema.SUMMARY_VERDICTS) or []
+    if verdicts:
+        top = verdicts[0]
+        lines.append(f"Verdict: {label(top['kind'])} ({top['severity']})")
+        lines.extend(_wrap(top["why"], "  Why:  ", "        "))
+        lines.extend(_wrap(top["next"], "  Next: ", "        "))
+        for other in verdicts[1:]:
+            lines.extend(
+                _wrap(f"{label(other['kind'])} ({other['severity']}): {other['why']}", "  Also: ")
+            )
+        lines.append("")
+
+    overall = summary.get(schema.SUMMARY_OVERALL) or {}
+    phase_stats = overall.get(schema.PHASE_STATS) or {}
+    shares = overall.get(schema.SHARES) or {}
+    if phase_stats.get(schema.STEP):
+        has_gpu = any(phase_stats.get(f) for f in schema.GPU_FIELDS)
+        lines.append("Phase breakdown per optimizer step (after warm-up)")
+        head = f"  {'Phase':<12}{'mean ms':>9}{'median':>9}{'p90':>9}{'max':>9}{'share':>8}"
+        if has_gpu:
+            head += f"{'GPU ms':>9}{'GPU share':>10}"
+        lines.append(head)
+        for fieldname in schema.TIMED_FIELDS:
+            described = phase_stats.get(fieldname)
+            share = 1.0 if fieldname == schema.STEP else shares.get(fieldname)
+            row = f"  {schema.PHASE_LABELS[fieldname]:<12}"
+            if described:
+                row += (
+                    _ms(described["mean"])
+                    + _ms(described["median"])
+                    + _ms(described["p90"])
+                    + _ms(described["max"])
+                    + _share(share, 8)
+                )
+            else:
+                row += "  not measured".ljust(44)
+            if has_gpu:
+                gpu_field = schema.GPU_OF_PHASE.get(fieldname)
+                gpu = phase_stats.get(gpu_field) if gpu_field else None
+                gpu_share = shares.get(gpu_field) if gpu_field else None
+                if fieldname == schema.STEP and gpu:
+                    gpu_share = 1.0
+                row += _ms(gpu["mean"] if gpu else None) + _share(gpu_share, 10)
+            lines.append(row.rstrip())
+        lines.append("")
+        lines.extend(_throughput_lines(summary))
+        lines.append("")
+
+    ranks = summary.get(schema.SUMMARY_RANKS) or []
+    if len(ranks) > 1 or summary.get(schema.SUMMARY_RANKS_MISSING):
+        lines.extend(_rank_lines(summary))
+        lines.append("")
+
+    notes = summary.get(schema.SUMMARY_NOTES) or []
+    if notes:
+        lines.append("Notes")
+        for note in notes:
+            lines.extend(_wrap(note, "  - ", "    "))
+        lines.append("")
+    lines.append(f"Summary: {summary.get(schema.SUMMARY_RUN_DIR, '.')}/{schema.SUMMARY_JSON}")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _throughput_lines(summary: dict[str, Any]) -> list[str]:
+    overall = summary.get(schema.SUMMARY_OVERALL) or {}
+    parts = []
+    steps_per_s = overall.get(schema.STEPS_PER_S)
+    if steps_per_s:
+        text = f"Throughput: {steps_per_s:.2f} steps/s per rank"
+        samples = overall.get(schema.SAMPLES_PER_S)
+        if samples:
+            text += f" ({samples:.1f} samples/s in total)"
+        parts.append(text)
+    parts.append(f"Peak RSS: {_bytes(overall.get(schema.PEAK_RSS))}")
+    reserved = overall.get(schema.PEAK_RESERVED)
+    if reserved is not None:
+        parts.append(
+            f"Peak device memory: {_bytes(overall.get(schema.PEAK_ALLOCATED))} allocated, "
+            f"{_bytes(reserved)} reserved"
+        )
+    lines = _wrap(";  ".join(parts), "  ")
+    between = overall.get(schema.BETWEEN_STEPS_MS)
+    wall = overall.get(schema.WALL_MS)
+    if between is not None and wall:
+        lines.extend(
+            _wrap(
+                f"Between steps (validation, checkpoints, epoch ends): {between / 1000:.2f} s "
+                f"of {wall / 1000:.2f} s in the training loop ({between / wall * 100:.0f}%)",
+                "  ",
+            )
+        )
+    return lines
+
+
+def _rank_lines(summary: dict[str, Any]) -> list[str]:
+    lines = ["Per rank (median ms per step)"]
+    short = {
+        schema.INPUT_WAIT: "Input",
+        schema.H2D: "H2D",
+        schema.FORWARD: "Fwd",
+        schema.BACKWARD: "Bwd",
+        schema.OPTIMIZER: "Opt",
+        schema.RESIDUAL: "Resid",
+        schema.STEP: "Step",
+    }
+    head = f"  {'Rank':<5}{'Node':<5}{'Steps':>6}"
+    for fieldname in schema.TIMED_FIELDS:
+        head += f"{short[fieldname]:>9}"
+    head += "  Status"
+    lines.append(head)
+    imbalance = summary.get(schema.SUMMARY_IMBALANCE) or {}
+    slowest = imbalance.get(schema.SLOWEST_RANK)
+    for entry in summary.get(schema.SUMMARY_RANKS) or []:
+        stats = entry.get(schema.PHASE_STATS) or {}
+        node = entry.get(schema.NODE_RANK)
+        row = (
+            f"  {entry[schema.RANK]:<5}{'-' if node is None else node:<5}"
+            f"{entry.get(schema.SUMMARY_STEPS_ANALYSED, 0):>6}"
+        )
+        for fieldname in schema.TIMED_FIELDS:
+            described = stats.get(fieldname)
+            row += _ms(described["median"] if described else None)
+        status = entry.get(schema.STATUS) or "no footer"
+        if slowest == entry[schema.RANK] and len(summary.get(schema.SUMMARY_RANKS) or []) > 1:
+            status += " (slowest)"
+        lines.append(f"{row}  {status}")
+    for rank in summary.get(schema.SUMMARY_RANKS_MISSING) or []:
+        lines.append(f"  {rank:<5}{'-':<5}{'-':>6}  missing")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML
+
+_COLORS = {
+    schema.INPUT_WAIT: "#e4572e",
+    schema.H2D: "#f3a712",
+    schema.FORWARD: "#29335c",
+    schema.BACKWARD: "#4f6d7a",
+    schema.OPTIMIZER: "#669bbc",
+    schema.RESIDUAL: "#a8c686",
+}
+
+
+def render_html(summary: dict[str, Any]) -> str:
+    esc = html.escape
+    verdicts = summary.get(schema.SUMMARY_VERDICTS) or []
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>traceml: {esc(str(summary.get(schema.RUN)))}</title>",
+        "<style>",
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}",
+        ".verdict{border-left:6px solid #888;padding:.5em 1em;margin:1em 0;background:#f6f6f6}",
+        ".critical{border-color:#c0392b}.warn{border-color:#e67e22}.info{border-color:#2980b9}",
+        "table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:right}",
+        "th:first-child,td:first-child{text-align:left}tr:nth-child(even){background:#f4f4f4}",
+        ".legend span{display:inline-block;margin-right:1em}",
+        ".swatch{display:inline-block;width:.9em;height:.9em;margin-right:.3em;"
+        "vertical-align:middle}",
+        "pre{background:#f6f6f6;padding:1em;overflow:auto}",
+        "</style></head><body>",
+        f"<h1>traceml: {esc(str(summary.get(schema.RUN)))}</h1>",
+        f"<p>{esc(headline(summary))}</p>",
+    ]
+    for index, verdict in enumerate(verdicts):
+        tag = "h2" if index == 0 else "h3"
+        parts.append(
+            f'<div class="verdict {esc(verdict["severity"])}"><{tag}>'
+            f"{esc(label(verdict['kind']))} ({esc(verdict['severity'])})</{tag}>"
+            f"<p><b>Why:</b> {esc(verdict['why'])}</p>"
+            f"<p><b>Next:</b> {esc(verdict['next'])}</p></div>"
+        )
+    parts.append(_html_table(summary))
+    parts.append("<h2>Step time per rank, stacked by phase</h2>")
+    parts.append(
+        '<p class="legend">'
+        + "".join(
+            f'<span><i class="swatch" style="background:{color}"></i>'
+            f"{esc(schema.PHASE_LABELS[phase])}</span>"
+            for phase, color in _COLORS.items()
+        )
+        + "</p>"
+    )
+    for entry in summary.get(schema.SUMMARY_RANKS) or []:
+        parts.append(_timeline_svg(entry))
+    notes = summary.get(schema.SUMMARY_NOTES) or []
+    if notes:
+        parts.append("<h2>Notes</h2><ul>")
+        parts.extend(f"<li>{esc(note)}</li>" for note in notes)
+        parts.append("</ul>")
+    parts.append("<h2>Report text</h2><pre>" + esc(render_text(summary)) + "</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _html_table(summary: dict[str, Any]) -> str:
+    overall = summary.get(schema.SUMMARY_OVERALL) or {}
+    phase_stats = overall.get(schema.PHASE_STATS) or {}
+    shares = overall.get(schema.SHARES) or {}
+    rows = [
+        "<table><tr><th>Phase</th><th>mean ms</th><th>median ms</th><th>p90 ms</th>"
+        "<th>max ms</th><th>share</th></tr>"
+    ]
+    for fieldname in schema.TIMED_FIELDS:
+        described = phase_stats.get(fieldname)
+        share = 1.0 if fieldname == schema.STEP else shares.get(fieldname)
+        cells = (
+            [_ms(described[k]).strip() for k in ("mean", "median", "p90", "max")]
+            if described
+            else ["-"] * 4
+        )
+        rows.append(
+            f"<tr><td>{html.escape(schema.PHASE_LABELS[fieldname])}</td>"
+            + "".join(f"<td>{c}</td>" for c in cells)
+            + f"<td>{_share(share).strip()}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _timeline_svg(entry: dict[str, Any]) -> str:
+    timeline = entry.get(schema.TIMELINE) or {}
+    bins = timeline.get("bins") or []
+    rank = entry.get(schema.RANK)
+    if not bins:
+        return f"<p>Rank {rank}: no steps recorded.</p>"
+    width, height, left, bottom = 900, 180, 50, 20
+    tallest = max((b.get(schema.STEP) or 0.0) for b in bins) or 1.0
+    bar = (width - left) / len(bins)
+    shapes = []
+    for index, entry_bin in enumerate(bins):
+        y = height - bottom
+        x = left + index * bar
+        for phase in schema.PHASES:
+            value = entry_bin.get(phase)
+            if not value:
+                continue
+            h = value / tallest * (height - bottom - 10)
+            y -= h
+            shapes.append(
+                f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(bar - 0.5, 0.5):.2f}" '
+                f'height="{h:.2f}" fill="{_COLORS[phase]}"/>'
+            )
+    per_bin = timeline.get("steps_per_bin", 1)
+    caption = (
+        f"Rank {rank}: {len(bins)} bars of {per_bin} step{'s' if per_bin != 1 else ''} each "
+        f"(mean per bar); tallest {tallest:.1f} ms"
+    )
+    axis = (
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" '
+        'stroke="#333"/>'
+        f'<text x="0" y="14" font-size="11">{tallest:.1f} ms</text>'
+        f'<text x="{left}" y="{height - 4}" font-size="11">step 0</text>'
+    )
+    return (
+        f'<figure><svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" role="img" aria-label="{html.escape(caption)}">'
+        + axis
+        + "".join(shapes)
+        + f"</svg><figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
