@@ -105,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("baseline", help="A: the run before the change")
     compare.add_argument("candidate", help="B: the run after the change")
     compare.add_argument(
-        "--output", help="write <OUTPUT>.json and <OUTPUT>.txt (parent dirs are created)"
+        "--output",
+        help="write <OUTPUT>.json and <OUTPUT>.txt (parent dirs are created; existing files "
+        "are replaced, with a line saying so)",
     )
     compare.add_argument(
         "--fail-on-regression",
