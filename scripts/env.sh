@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create (once) and update (when pyproject.toml changes) the project's virtualenv in ./.venv:
+# torch 2.14.1 + torchvision 0.29.1 + rfdetr[train] 1.10.1 + lightning + traceml (editable)
+# + the test tools. pip, not uv/poetry: pip takes torch from this machine's local wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv
+PYTHON_BIN=${TRACEML_PYTHON:-}
+if [ -z "$PYTHON_BIN" ]; then
+  if command -v python3.11 >/dev/null 2>&1; then PYTHON_BIN=python3.11; else PYTHON_BIN=python3; fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV with $PYTHON_BIN"
+  "$PYTHON_BIN" -m venv "$VENV"
+fi
+
+stamp="$VENV/.traceml-installed"
+want=$(cat pyproject.toml scripts/env.sh | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "==> installing traceml and its test dependencies into $VENV (first run: a few minutes)"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -e ".[test]"
+  echo "$want" > "$stamp"
+else
+  echo "==> $VENV is up to date"
+fi
