@@ -173,7 +173,7 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
     }
     head = f"  {'Rank':<5}{'Node':<5}{'Steps':>6}"
     for fieldname in schema.TIMED_FIELDS:
-        head += f"{short[fieldname]:>9}"
+        head += f"{short[fieldname]:>8}"
     head += "  Status"
     lines.append(head)
     imbalance = summary.get(schema.SUMMARY_IMBALANCE) or {}
@@ -187,7 +187,7 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
         )
         for fieldname in schema.TIMED_FIELDS:
             described = stats.get(fieldname)
-            row += _ms(described["median"] if described else None)
+            row += _ms(described["median"] if described else None, 8)
         status = entry.get(schema.STATUS) or "no footer"
         if slowest == entry[schema.RANK] and len(summary.get(schema.SUMMARY_RANKS) or []) > 1:
             status += " (slowest)"

@@ -1,0 +1,147 @@
+"""Activation: process roles, once-only, fail-open, and the post-import hook mechanism."""
+
+import sys
+import types
+
+import pytest
+
+from traceml import bootstrap, console, import_hooks
+
+
+@pytest.fixture(autouse=True)
+def clean_state():
+    bootstrap.reset_for_tests()
+    console.reset_for_tests()
+    yield
+    bootstrap.reset_for_tests()
+    console.reset_for_tests()
+
+
+@pytest.mark.parametrize(
+    ("argv", "role"),
+    [
+        (["python", "train.py"], "worker"),
+        (["python", "-u", "train.py", "-m", "torch.distributed.run"], "worker"),
+        (["python", "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"], "agent"),
+        (["python", "-m", "torch.distributed.run", "train.py"], "agent"),
+        (["python", "-mtorch.distributed.launch", "train.py"], "agent"),
+        (["python", "-m", "mypkg.train"], "worker"),
+        (
+            [
+                "python",
+                "-c",
+                "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+                "--multiprocessing-fork",
+            ],
+            "helper",
+        ),
+        (["python", "-c", "from multiprocessing.resource_tracker import main;main(5)"], "helper"),
+        (["python", "-c", "import rfdetr"], "worker"),
+    ],
+)
+def test_process_role(argv, role):
+    assert bootstrap.process_role(argv) == role
+
+
+def test_activation_happens_once(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(bootstrap, "register_integrations", lambda hooks=None: calls.append(1))
+    env = {"TRACEML": "1", "TRACEML_LOGS_DIR": str(tmp_path)}
+    assert bootstrap.activate(env, ["python", "train.py"]) is True
+    assert bootstrap.activate(env, ["python", "train.py"]) is True
+    assert calls == [1]
+    assert bootstrap.active_settings().logs_dir == tmp_path
+    # The chosen run name is exported for processes this one starts (Lightning's DDP re-launch).
+    assert env["TRACEML_RUN_NAME"] == bootstrap.active_settings().run_name
+    assert env["TRACEML_RUN_NAME_DERIVED"] == "1"
+
+
+def test_agent_only_leaves_a_launch_stamp(monkeypatch):
+    monkeypatch.setattr(bootstrap, "register_integrations", lambda hooks=None: pytest.fail())
+    env = {"TRACEML": "1"}
+    assert bootstrap.activate(env, ["python", "-m", "torch.distributed.run", "t.py"]) is False
+    assert env["TRACEML_LAUNCH_STAMP"]
+    assert bootstrap.active_settings() is None
+
+
+def test_helper_does_nothing(monkeypatch):
+    monkeypatch.setattr(bootstrap, "register_integrations", lambda hooks=None: pytest.fail())
+    env = {"TRACEML": "1"}
+    argv = ["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"]
+    assert bootstrap.activate(env, argv) is False
+    assert env == {"TRACEML": "1"}
+
+
+def test_bad_setting_warns_once_and_stays_off(capsys):
+    env = {"TRACEML": "1", "TRACEML_TRACE_MAX_STEPS": "abc"}
+    assert bootstrap.activate(env, ["python", "t.py"]) is False
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("traceml: TRACEML_TRACE_MAX_STEPS='abc' is not a whole number")
+    assert "untraced" in err
+    assert bootstrap.active_settings() is None
+
+
+def test_unexpected_failure_is_fail_open(monkeypatch, capsys):
+    def explode(hooks=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bootstrap, "register_integrations", explode)
+    assert bootstrap.activate({"TRACEML": "1"}, ["python", "t.py"]) is False
+    err = capsys.readouterr().err
+    assert "could not start (RuntimeError: boom)" in err
+    assert err.count("\n") == 1
+
+
+def test_post_import_hook_fires_after_the_module_is_imported(tmp_path, monkeypatch):
+    package = tmp_path / "traceml_hook_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    import_hooks.register_post_import_hook(
+        "traceml_hook_probe", lambda module: seen.append(module.VALUE + 1)
+    )
+    assert seen == []
+    assert import_hooks.pending_hooks().get("traceml_hook_probe") == 1
+    import traceml_hook_probe  # noqa: F401
+
+    assert seen == [42]
+    assert "traceml_hook_probe" not in import_hooks.pending_hooks()
+    module = sys.modules["traceml_hook_probe"]
+    # The module keeps its real loader.
+    assert "Chained" not in type(module.__loader__).__name__
+    assert "Chained" not in type(module.__spec__.loader).__name__
+    del sys.modules["traceml_hook_probe"]
+
+
+def test_post_import_hook_fires_at_once_for_an_imported_module():
+    fake = types.ModuleType("traceml_already_there")
+    sys.modules["traceml_already_there"] = fake
+    try:
+        seen = []
+        import_hooks.register_post_import_hook("traceml_already_there", seen.append)
+        assert seen == [fake]
+    finally:
+        del sys.modules["traceml_already_there"]
+
+
+def test_a_failing_hook_never_breaks_the_import(tmp_path, monkeypatch, capsys):
+    (tmp_path / "traceml_hook_bad.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def bad(module):
+        raise ValueError("nope")
+
+    import_hooks.register_post_import_hook("traceml_hook_bad", bad)
+    import traceml_hook_bad
+
+    assert traceml_hook_bad.X == 1
+    assert "an import hook for traceml_hook_bad failed (ValueError: nope)" in capsys.readouterr().err
+    del sys.modules["traceml_hook_bad"]
+
+
+def test_integration_registry_is_lazy():
+    # Strings, so integration modules load only when their library does.
+    for target in bootstrap.INTEGRATION_HOOKS.values():
+        assert isinstance(target, str) and ":" in target

@@ -1,0 +1,135 @@
+"""The phase clock: exact step records from hand-picked timestamps (no torch)."""
+
+from traceml import schema
+from traceml.capture import StepClock
+
+MS = 1_000_000  # ns
+
+
+def run_microbatch(clock: StepClock, t0: int, stepped: bool = True, **context):
+    """fetch 0-10, h2d 11-13, forward 14-24, backward 26-40, optimizer 41-45, end 47 (ms)."""
+    clock.fetched(t0, t0 + 10 * MS)
+    clock.transferred(t0 + 11 * MS, t0 + 13 * MS)
+    clock.forward_started(t0 + 14 * MS)
+    clock.forward_ended(t0 + 24 * MS)
+    clock.backward_started(t0 + 26 * MS)
+    clock.backward_ended(t0 + 40 * MS)
+    if stepped:
+        clock.optimizer_started(t0 + 41 * MS)
+    return clock.batch_ended(t0 + 47 * MS, **context)
+
+
+def test_one_step_adds_up_exactly():
+    clock = StepClock(origin_ns=0)
+    record = run_microbatch(clock, 100 * MS, global_step=1, epoch=0)
+    assert record[schema.STEP] == 47.0
+    assert record[schema.INPUT_WAIT] == 10.0
+    assert record[schema.H2D] == 2.0
+    assert record[schema.FORWARD] == 10.0
+    assert record[schema.BACKWARD] == 14.0
+    assert record[schema.OPTIMIZER] == 6.0
+    # 47 - (10 + 2 + 10 + 14 + 6): the gaps between phases (loss, zero_grad, hooks).
+    assert record[schema.RESIDUAL] == 5.0
+    assert record[schema.T_START_MS] == 100.0
+    assert record[schema.GAP_MS] is None
+    assert record[schema.GLOBAL_STEP] == 1
+    assert record[schema.MICROBATCHES] == 1
+
+
+def test_gap_between_steps_is_reported_not_counted():
+    clock = StepClock(origin_ns=0)
+    run_microbatch(clock, 0)
+    second = run_microbatch(clock, 60 * MS)  # previous ended at 47 ms
+    assert second[schema.GAP_MS] == 13.0
+    assert second[schema.STEP] == 47.0
+    assert second[schema.STEP_INDEX] == 1
+
+
+def test_gradient_accumulation_groups_microbatches():
+    clock = StepClock(origin_ns=0)
+    assert run_microbatch(clock, 0, stepped=False) is None
+    record = run_microbatch(clock, 50 * MS, stepped=True)
+    assert record[schema.MICROBATCHES] == 2
+    assert record[schema.STEP] == 97.0  # 0 .. 97 ms, including the 3 ms between microbatches
+    assert record[schema.INPUT_WAIT] == 20.0
+    assert record[schema.FORWARD] == 20.0
+    assert record[schema.BACKWARD] == 28.0
+    assert record[schema.OPTIMIZER] == 6.0
+    phases = sum(record[p] for p in schema.PHASES)
+    assert phases == record[schema.STEP]
+
+
+def test_epoch_end_flushes_a_short_group_without_optimizer_step():
+    clock = StepClock(origin_ns=0)
+    assert run_microbatch(clock, 0, stepped=False) is None
+    record = clock.epoch_ended(60 * MS)
+    assert record[schema.MICROBATCHES] == 1
+    assert record[schema.OPTIMIZER] is None
+    assert record[schema.OPTIMIZER_STEPPED] is False
+    assert record[schema.STEP] == 60.0
+
+
+def test_unmeasured_phase_is_null_and_its_time_goes_to_residual():
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 5 * MS)
+    clock.backward_started(10 * MS)
+    clock.backward_ended(20 * MS)
+    clock.optimizer_started(20 * MS)
+    record = clock.batch_ended(30 * MS)
+    assert record[schema.FORWARD] is None
+    assert record[schema.H2D] is None
+    assert record[schema.RESIDUAL] == 5.0  # 30 - 5 (input) - 10 (backward) - 10 (optimizer)
+
+
+def test_iterator_creation_starts_the_step_and_counts_as_input_wait():
+    clock = StepClock(origin_ns=0)
+    clock.iterator_created(0, 30 * MS)  # workers starting at an epoch's beginning
+    clock.fetched(32 * MS, 40 * MS)
+    clock.optimizer_started(41 * MS)
+    record = clock.batch_ended(45 * MS)
+    assert record[schema.STEP] == 45.0
+    assert record[schema.INPUT_WAIT] == 38.0
+    assert record[schema.OPTIMIZER] == 4.0
+    assert record[schema.RESIDUAL] == 3.0  # 30..32 and 40..41 ms: nothing named
+
+
+def test_nested_forward_counts_the_outer_call_once():
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 0)
+    clock.forward_started(1 * MS)
+    clock.forward_started(2 * MS)
+    clock.forward_ended(3 * MS)
+    clock.forward_ended(5 * MS)
+    clock.optimizer_started(6 * MS)
+    record = clock.batch_ended(6 * MS)
+    assert record[schema.FORWARD] == 4.0
+
+
+def test_forward_during_backward_is_not_forward():
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 0)
+    clock.backward_started(1 * MS)
+    clock.forward_started(2 * MS)  # e.g. activation checkpointing recomputes
+    clock.forward_ended(3 * MS)
+    clock.backward_ended(5 * MS)
+    clock.optimizer_started(5 * MS)
+    record = clock.batch_ended(5 * MS)
+    assert record[schema.FORWARD] is None
+    assert record[schema.BACKWARD] == 4.0
+
+
+def test_boundaries_outside_a_microbatch_are_ignored():
+    clock = StepClock(origin_ns=0)
+    clock.transferred(0, MS)  # a validation batch transfer
+    clock.forward_started(0)
+    clock.forward_ended(MS)
+    assert clock.batch_ended(2 * MS) is None
+    assert clock.steps_emitted == 0
+
+
+def test_abandon_drops_the_open_step():
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, MS)
+    clock.abandon()
+    assert clock.batch_ended(2 * MS) is None
+    assert clock.epoch_ended(3 * MS) is None

@@ -1,0 +1,66 @@
+"""traceml report and the CLI's error handling (in-process, no torch)."""
+
+import json
+
+from rankfiles import footer, header, synthetic_run, write_rank
+from traceml.cli import main
+
+
+def test_report_prints_and_writes(tmp_path, capsys):
+    synthetic_run(tmp_path, input=60, forward=20, backward=20)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Verdict: INPUT-BOUND (critical)" in out
+    assert (tmp_path / "final_summary.json").is_file()
+
+
+def test_report_json(tmp_path, capsys):
+    synthetic_run(tmp_path, forward=20, backward=20)
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"].startswith("traceml.summary/")
+    assert data["verdicts"]
+
+
+def test_report_with_no_rank_files_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("traceml: error: ") and err.count("\n") == 1
+
+
+def test_report_on_a_newer_schema_is_one_line_exit_2(tmp_path, capsys):
+    write_rank(tmp_path, 0, [header(schema="traceml.rank/9.0"), footer(0)])
+    assert main(["report", str(tmp_path)]) == 2
+    assert "traceml.rank/9.0" in capsys.readouterr().err
+
+
+def test_threshold_option(tmp_path, capsys):
+    synthetic_run(tmp_path, input=20, forward=40, backward=40)
+    assert main(["report", str(tmp_path), "--threshold", "input_warn=0.1"]) == 0
+    assert "Verdict: INPUT-BOUND" in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--threshold", "bogus=1"]) == 2
+    assert "unknown threshold 'bogus'" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--threshold", "input_warn"]) == 2
+
+
+def test_run_refuses_bad_input_before_starting_anything(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    script = tmp_path / "ok.py"
+    script.write_text("print('hi')\n")
+    assert main(["run", str(script), "--run-name", "../evil"]) == 2
+    assert "not a safe run name" in capsys.readouterr().err
+    (tmp_path / "logs" / "taken").mkdir(parents=True)
+    assert main(["run", str(script), "--logs-dir", str(tmp_path / "logs"),
+                 "--run-name", "taken"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["run", str(script), "--nproc-per-node", "0"]) == 2
+    assert main(["run", str(script), "--nnodes", "2", "--node-rank", "2"]) == 2
+
+
+def test_script_args_after_args_are_untouched():
+    from traceml.cli import _split_script_args
+
+    head, tail = _split_script_args(["run", "t.py", "--html", "--args", "--html", "-m", "x"])
+    assert head == ["run", "t.py", "--html"]
+    assert tail == ["--html", "-m", "x"]

@@ -1,0 +1,140 @@
+"""CUDA-event bookkeeping with fake events: lazy reads, ordering, draining, memory window."""
+
+from traceml import schema
+from traceml.cuda_timing import CudaStepTimer
+
+
+class FakeDevice:
+    """A device clock that lags the host: events complete when the test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.completed_until = -1.0
+        self.synchronized = 0
+
+
+class FakeEvent:
+    def __init__(self, device: FakeDevice):
+        self.device = device
+        self.time = None
+
+    def record(self):
+        self.time = self.device.now
+
+    def query(self):
+        return self.time is not None and self.time <= self.device.completed_until
+
+    def synchronize(self):
+        self.device.synchronized += 1
+        self.device.completed_until = max(self.device.completed_until, self.time)
+
+    def elapsed_time(self, end):
+        return end.time - self.time
+
+
+def make_timer(device, peaks=None):
+    state = {"resets": 0}
+    return (
+        CudaStepTimer(
+            new_event=lambda: FakeEvent(device),
+            reset_peak=lambda: state.__setitem__("resets", state["resets"] + 1),
+            peak_allocated=lambda: (peaks or [100])[0],
+            peak_reserved=lambda: (peaks or [100, 200])[-1],
+        ),
+        state,
+    )
+
+
+def one_step(timer, device, start):
+    device.now = start
+    timer.step_started()
+    for phase, begin, end in (("h2d", 1, 2), ("forward", 3, 7), ("backward", 8, 16)):
+        device.now = start + begin
+        timer.phase_started(phase)
+        device.now = start + end
+        timer.phase_ended(phase)
+    device.now = start + 17
+    timer.phase_started("optimizer")
+    device.now = start + 20
+    record = {"step": start}
+    timer.step_ended(record)
+    return record
+
+
+def test_records_wait_until_the_device_has_finished_them():
+    device = FakeDevice()
+    timer, state = make_timer(device)
+    one_step(timer, device, 0)
+    assert list(timer.ready()) == []  # nothing completed: no blocking, no record
+    assert timer.queued == 1
+    device.completed_until = 20
+    (record,) = list(timer.ready())
+    assert record[schema.GPU_STEP] == 20
+    assert record[schema.GPU_H2D] == 1
+    assert record[schema.GPU_FORWARD] == 4
+    assert record[schema.GPU_BACKWARD] == 8
+    assert record[schema.GPU_OPTIMIZER] == 3
+    assert record[schema.MEM_PEAK_ALLOCATED] == 100
+    assert record[schema.MEM_PEAK_RESERVED] == 200
+    assert state["resets"] == 1
+    assert device.synchronized == 0
+
+
+def test_ready_returns_finished_steps_in_order_and_drain_waits_for_the_rest():
+    device = FakeDevice()
+    timer, _ = make_timer(device)
+    one_step(timer, device, 0)
+    one_step(timer, device, 100)
+    one_step(timer, device, 200)
+    device.completed_until = 110  # first step (0..20) done, second (100..120) not
+    assert [r["step"] for r in timer.ready()] == [0]
+    assert [r["step"] for r in timer.drain()] == [100, 200]
+    assert device.synchronized == 2
+    assert timer.queued == 0
+
+
+def test_events_are_reused_after_a_step_is_read():
+    device = FakeDevice()
+    created = []
+
+    def new_event():
+        created.append(FakeEvent(device))
+        return created[-1]
+
+    timer = CudaStepTimer(new_event=new_event)
+    one_step(timer, device, 0)
+    device.completed_until = 1000
+    list(timer.ready())
+    first_round = len(created)
+    one_step(timer, device, 100)
+    assert len(created) == first_round  # pooled, not allocated again
+
+
+def test_accumulated_microbatches_sum_their_intervals():
+    device = FakeDevice()
+    timer, _ = make_timer(device)
+    device.now = 0
+    timer.step_started()
+    for start in (0, 10):
+        device.now = start + 1
+        timer.phase_started("forward")
+        device.now = start + 4
+        timer.phase_ended("forward")
+        timer.step_started()  # second microbatch of the same step: no new window
+    device.now = 30
+    record = {}
+    timer.step_ended(record)
+    device.completed_until = 30
+    (done,) = list(timer.ready())
+    assert done[schema.GPU_FORWARD] == 6
+    assert done[schema.GPU_STEP] == 30
+
+
+def test_abandoned_step_is_never_reported():
+    device = FakeDevice()
+    timer, _ = make_timer(device)
+    timer.step_started()
+    timer.phase_started("forward")
+    timer.abandon_step()
+    timer.step_ended({})
+    assert timer.queued == 0

@@ -1,0 +1,214 @@
+"""The reducer over hand-made rank files: exact figures, and every kind of damage as a note."""
+
+import orjson
+import pytest
+
+from rankfiles import footer, header, step, synthetic_run, write_rank, write_run
+from traceml import schema
+from traceml.reduce import ReduceError, reduce_run
+
+RANK0 = [
+    dict(input=100, forward=10, backward=20, optimizer=5, residual=5),  # warm-up
+    dict(input=10, h2d=1, forward=10, backward=20, optimizer=5, residual=4),  # 50
+    dict(input=12, h2d=1, forward=10, backward=20, optimizer=5, residual=2),  # 50
+    dict(input=14, h2d=1, forward=12, backward=22, optimizer=5, residual=6),  # 60
+]
+RANK1 = [
+    dict(input=200, forward=10, backward=20, optimizer=5, residual=5),  # warm-up
+    dict(input=30, h2d=1, forward=10, backward=20, optimizer=5, residual=4),  # 70
+    dict(input=30, h2d=1, forward=10, backward=20, optimizer=5, residual=4),  # 70
+    dict(input=36, h2d=1, forward=10, backward=20, optimizer=5, residual=4),  # 76
+]
+ONE_WARMUP = {"warmup_steps": 1}
+
+
+def phase(summary, fieldname, rank=None):
+    if rank is None:
+        return summary["overall"]["phases"][fieldname]
+    return summary["ranks"][rank]["phases"][fieldname]
+
+
+def test_exact_figures_for_a_hand_made_two_rank_run(tmp_path):
+    write_run(tmp_path, [RANK0, RANK1])
+    summary = reduce_run(tmp_path, thresholds=ONE_WARMUP)
+    assert summary["schema"] == schema.SUMMARY_SCHEMA
+    assert summary["status"] == "completed"
+    assert summary["world_size"] == 2
+    assert summary["ranks_missing"] == []
+    assert summary["steps_recorded"] == 8
+    assert summary["steps_analysed"] == 6
+    assert summary["warmup_steps_skipped"] == 1
+    assert "skipped the first 1 step of each rank as warm-up" in summary["notes"][0]
+
+    assert phase(summary, "step_ms", 0) == pytest.approx(
+        {"count": 3, "sum": 160, "mean": 160 / 3, "min": 50, "median": 50, "p90": 58, "max": 60}
+    )
+    assert phase(summary, "input_wait_ms", 0)["mean"] == pytest.approx(12.0)
+    assert phase(summary, "step_ms", 1)["median"] == pytest.approx(70.0)
+    # Pooled over both ranks: 50 50 60 70 70 76.
+    assert phase(summary, "step_ms") == pytest.approx(
+        {"count": 6, "sum": 376, "mean": 376 / 6, "min": 50, "median": 65, "p90": 73, "max": 76}
+    )
+    shares = summary["overall"]["shares"]
+    assert shares["input_wait_ms"] == pytest.approx(132 / 376)
+    assert sum(shares[p] for p in schema.PHASES) == pytest.approx(1.0)
+    assert summary["overall"]["steps_per_s"] == pytest.approx(1000 / (376 / 6))
+    assert summary["overall"]["samples_per_s"] == pytest.approx(1000 / (376 / 6) * 2 * 2)
+    assert summary["overall"]["mem_peak_reserved_bytes"] is None  # CPU: unmeasured, not 0
+    assert summary["overall"]["rss_peak_bytes"] == 1_000_003
+
+    imbalance = summary["imbalance"]["fields"]
+    assert imbalance["step_ms"]["max_over_median"] == pytest.approx(70 / 60)
+    assert imbalance["own_ms"]["slowest_rank"] == 1
+    assert imbalance["own_ms"]["max_over_median"] == pytest.approx(50 / 40)
+    assert summary["imbalance"]["slowest_rank"] == 1
+
+    distribution = summary["overall"]["distributions"]["step_ms"]
+    assert len(distribution) == 1001
+    assert distribution[0] == 50 and distribution[-1] == 76 and distribution[500] == 65
+
+
+def test_truncated_last_line_keeps_the_complete_steps(tmp_path):
+    path = write_rank(tmp_path, 0, [header(), *[step(i, forward=5) for i in range(5)]])
+    with open(path, "ab") as handle:
+        handle.write(b'{"kind":"step","step":5,"step_m')
+    summary = reduce_run(tmp_path)
+    assert summary["steps_recorded"] == 5
+    assert summary["status"] == "partial"
+    notes = " ".join(summary["notes"])
+    assert "last line was cut short" in notes
+    assert "no footer" in notes
+
+
+def test_a_bad_line_in_the_middle_is_skipped_and_counted(tmp_path):
+    path = write_rank(tmp_path, 0, [header(), step(0, forward=5)])
+    with open(path, "ab") as handle:
+        handle.write(b"not json\n")
+        handle.write(orjson.dumps(step(1, forward=6)) + b"\n")
+        handle.write(orjson.dumps(footer(2)) + b"\n")
+    summary = reduce_run(tmp_path)
+    assert summary["steps_recorded"] == 2
+    assert any("1 unreadable lines skipped" in n for n in summary["notes"])
+
+
+def test_missing_rank_is_named(tmp_path):
+    write_run(tmp_path, [RANK0, RANK1], world_size=3)
+    summary = reduce_run(tmp_path)
+    assert summary["ranks_missing"] == [2]
+    assert summary["status"] == "partial"
+    assert any(n.startswith("rank 2 missing") for n in summary["notes"])
+
+
+def test_missing_node_is_named(tmp_path):
+    for rank in (0, 1):
+        write_rank(
+            tmp_path,
+            rank,
+            [header(rank, 4, local_world_size=2), step(0, forward=1), footer(1)],
+        )
+    summary = reduce_run(tmp_path)
+    assert summary["ranks_missing"] == [2, 3]
+    note = next(n for n in summary["notes"] if "missing" in n)
+    assert "node 1 wrote nothing here" in note
+
+
+def test_zero_steps(tmp_path):
+    write_rank(tmp_path, 0, [header(), footer(0)])
+    summary = reduce_run(tmp_path)
+    assert summary["status"] == "empty"
+    assert summary["steps_recorded"] == 0
+    assert summary["overall"]["phases"]["step_ms"] is None
+    assert summary["overall"]["steps_per_s"] is None
+
+
+def test_empty_file_is_a_note(tmp_path):
+    write_run(tmp_path, [RANK0])
+    (tmp_path / "ranks" / "rank_1.jsonl").write_bytes(b"")
+    summary = reduce_run(tmp_path)
+    assert any("rank 1: its file is empty" in n for n in summary["notes"])
+
+
+def test_failed_rank(tmp_path):
+    write_rank(
+        tmp_path,
+        0,
+        [header(), *[step(i, forward=5) for i in range(3)],
+         footer(3, schema.STATUS_EXCEPTION, error="RuntimeError: boom")],
+    )
+    summary = reduce_run(tmp_path)
+    assert summary["status"] == "failed"
+    assert "rank 0: training failed after 3 steps (RuntimeError: boom)" in summary["notes"]
+
+
+def test_unsupported_setup(tmp_path):
+    write_rank(
+        tmp_path,
+        0,
+        [
+            header(),
+            {"kind": "event", "level": "warning", "code": "unsupported",
+             "message": "FSDP is not supported", "at_step": 0},
+            footer(0, schema.STATUS_UNSUPPORTED),
+        ],
+    )
+    summary = reduce_run(tmp_path)
+    assert summary["status"] == "unsupported"
+    assert "rank 0: not traced: FSDP is not supported; it trained natively" in summary["notes"]
+
+
+def test_same_note_on_every_rank_is_said_once(tmp_path):
+    for rank in (0, 1):
+        write_rank(tmp_path, rank, [header(rank, 2), step(0, forward=1)])
+    summary = reduce_run(tmp_path)
+    assert sum("no footer" in n for n in summary["notes"]) == 1
+    assert any(n.startswith("all 2 ranks: no footer") for n in summary["notes"])
+
+
+def test_newer_schema_is_a_clear_error(tmp_path):
+    write_rank(tmp_path, 0, [header(schema="traceml.rank/2.0"), footer(0)])
+    with pytest.raises(ReduceError) as info:
+        reduce_run(tmp_path)
+    assert "traceml.rank/2.0" in str(info.value)
+    assert "reads traceml.rank/1.x" in str(info.value)
+
+
+def test_not_a_rank_file_is_a_clear_error(tmp_path):
+    write_rank(tmp_path, 0, [header(schema="something-else")])
+    with pytest.raises(ReduceError, match="is not a traceml rank file"):
+        reduce_run(tmp_path)
+
+
+def test_no_rank_files(tmp_path):
+    with pytest.raises(ReduceError, match="has no ranks/rank_"):
+        reduce_run(tmp_path)
+    with pytest.raises(ReduceError, match="is not a directory"):
+        reduce_run(tmp_path / "nope")
+
+
+def test_large_ranks_use_sketches_with_small_error(tmp_path):
+    synthetic_run(tmp_path, steps=5000, ranks=2, seed=3, noise=0.2, forward=50, backward=50)
+    summary = reduce_run(tmp_path)
+    assert summary["approximate_quantiles"] is True
+    overall = summary["overall"]["phases"]["step_ms"]
+    ranks = [r["phases"]["step_ms"] for r in summary["ranks"]]
+    assert overall["count"] == sum(r["count"] for r in ranks)
+    assert overall["mean"] == pytest.approx(sum(r["sum"] for r in ranks) / overall["count"])
+    # Both ranks draw from one distribution: the pooled median sits between theirs.
+    low, high = sorted(r["median"] for r in ranks)
+    assert low - 0.5 <= overall["median"] <= high + 0.5
+
+
+def test_recorded_real_run_fixture(fixture_dir):
+    summary = reduce_run(fixture_dir / "rfdetr_cpu_demo")
+    assert summary["status"] == "completed"
+    assert summary["steps_recorded"] == 16
+    assert summary["setup"]["integration"] == "rfdetr"
+    for entry in summary["ranks"]:
+        assert entry["phases"]["forward_ms"]["count"] == 14
+
+
+@pytest.fixture
+def fixture_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "fixtures"

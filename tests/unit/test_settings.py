@@ -1,0 +1,125 @@
+"""TRACEML_* parsing: defaults, validation, round trip through the environment."""
+
+from pathlib import Path
+
+import pytest
+
+from traceml import settings as s
+
+
+def test_defaults(tmp_path):
+    result = s.load_settings({}, ["python", "train.py"], now=0.0, cwd=tmp_path)
+    assert result.logs_dir == tmp_path / "logs"
+    assert result.run_name.startswith("train-")
+    assert result.trace_max_steps is None
+    assert result.report is True
+    assert result.launcher_managed is False
+    assert result.run_name_explicit is False
+
+
+def test_values_are_read(tmp_path):
+    env = {
+        "TRACEML_LOGS_DIR": "runs",
+        "TRACEML_RUN_NAME": "exp_1.a-b",
+        "TRACEML_TRACE_MAX_STEPS": "5",
+        "TRACEML_REPORT": "0",
+        "TRACEML_REPORT_WAIT_S": "2.5",
+        "TRACEML_HTML": "yes",
+        "TRACEML_THRESHOLD_INPUT_WARN": "0.2",
+    }
+    result = s.load_settings(env, ["python", "x.py"], cwd=tmp_path)
+    assert result.logs_dir == tmp_path / "runs"
+    assert result.run_name == "exp_1.a-b"
+    assert result.run_name_explicit is True
+    assert result.trace_max_steps == 5
+    assert result.report is False
+    assert result.report_wait_s == 2.5
+    assert result.html is True
+    assert result.thresholds == {"input_warn": 0.2}
+    assert result.run_dir == tmp_path / "runs" / "exp_1.a-b"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("TRACEML_TRACE_MAX_STEPS", "abc", "TRACEML_TRACE_MAX_STEPS='abc' is not a whole number"),
+        ("TRACEML_TRACE_MAX_STEPS", "0", "must be at least 1"),
+        ("TRACEML_RUN_NAME", "../escape", "is not a safe run name"),
+        ("TRACEML_RUN_NAME", "a b", "is not a safe run name"),
+        ("TRACEML_REPORT", "maybe", "is not a yes/no value"),
+        ("TRACEML_REPORT_WAIT_S", "-1", "must be zero or more seconds"),
+        ("TRACEML_THRESHOLD_NOPE", "1", "unknown threshold"),
+        ("TRACEML_THRESHOLD_INPUT_WARN", "x", "is not a number"),
+    ],
+)
+def test_bad_values_name_the_variable(tmp_path, name, value, fragment):
+    with pytest.raises(s.SettingsError) as info:
+        s.load_settings({name: value}, ["python", "t.py"], cwd=tmp_path)
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "stem"),
+    [
+        (["python", "/a/b/train.py", "--x"], "train"),
+        (["python", "-u", "train.py"], "train"),
+        (["python", "-X", "importtime", "my run.py"], "my_run"),
+        (["python", "-m", "pkg.trainer", "--lr", "1"], "trainer"),
+        (["python", "-mpkg.tool"], "tool"),
+        (["python", "-c", "print(1)"], "python"),
+        (["python"], "python"),
+    ],
+)
+def test_script_stem(argv, stem):
+    assert s.script_stem(argv) == stem
+
+
+def test_run_name_prefers_the_launch_stamp_then_the_elastic_run_id():
+    argv = ["python", "train.py"]
+    assert s.default_run_name({"TRACEML_LAUNCH_STAMP": "20260101-000000"}, argv) == (
+        "train-20260101-000000"
+    )
+    assert s.default_run_name({"TORCHELASTIC_RUN_ID": "job42"}, argv) == "train-job42"
+    assert s.default_run_name({"TORCHELASTIC_RUN_ID": "none"}, argv, now=0).startswith("train-19")
+
+
+def test_round_trip_through_the_environment(tmp_path):
+    original = s.Settings(
+        logs_dir=tmp_path,
+        run_name="abc",
+        trace_max_steps=3,
+        report=False,
+        report_wait_s=1.5,
+        html=True,
+        launcher_managed=True,
+        thresholds={"input_warn": 0.3, "warmup_steps": 1},
+        run_name_explicit=False,
+    )
+    env = s.settings_to_env(original)
+    assert env["TRACEML"] == "1"
+    assert s.load_settings(env, ["python", "z.py"], cwd=Path("/")) == original
+
+
+def test_mark_launch_does_not_override_a_chosen_name():
+    env = {"TRACEML_RUN_NAME": "mine"}
+    s.mark_launch(env)
+    assert "TRACEML_LAUNCH_STAMP" not in env
+    env = {}
+    s.mark_launch(env, now=0)
+    assert env["TRACEML_LAUNCH_STAMP"]
+
+
+def test_tracing_requested():
+    assert not s.tracing_requested({})
+    for off in ("", "0", "false", "OFF", " no "):
+        assert not s.tracing_requested({"TRACEML": off})
+    for on in ("1", "true", "yes"):
+        assert s.tracing_requested({"TRACEML": on})
+
+
+def test_distributed_env():
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    d = s.distributed_env(env)
+    assert (d.rank, d.local_rank, d.world_size, d.node_rank) == (3, 1, 4, 1)
+    assert s.distributed_env({"RANK": "x"}).rank is None
