@@ -67,7 +67,8 @@ def test_agent_only_leaves_a_launch_stamp(monkeypatch):
 def test_helper_does_nothing(monkeypatch):
     monkeypatch.setattr(bootstrap, "register_integrations", lambda hooks=None: pytest.fail())
     env = {"TRACEML": "1"}
-    argv = ["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"]
+    code = "from multiprocessing.spawn import spawn_main"
+    argv = ["python", "-c", code, "--multiprocessing-fork"]
     assert bootstrap.activate(env, argv) is False
     assert env == {"TRACEML": "1"}
 
@@ -137,7 +138,8 @@ def test_a_failing_hook_never_breaks_the_import(tmp_path, monkeypatch, capsys):
     import traceml_hook_bad
 
     assert traceml_hook_bad.X == 1
-    assert "an import hook for traceml_hook_bad failed (ValueError: nope)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "an import hook for traceml_hook_bad failed (ValueError: nope)" in err
     del sys.modules["traceml_hook_bad"]
 
 

@@ -2,8 +2,9 @@
 
 import json
 
-from rankfiles import footer, header, synthetic_run, write_rank
 from traceml.cli import main
+
+from rankfiles import footer, header, synthetic_run, write_rank
 
 
 def test_report_prints_and_writes(tmp_path, capsys):
@@ -51,8 +52,9 @@ def test_run_refuses_bad_input_before_starting_anything(tmp_path, capsys):
     assert main(["run", str(script), "--run-name", "../evil"]) == 2
     assert "not a safe run name" in capsys.readouterr().err
     (tmp_path / "logs" / "taken").mkdir(parents=True)
-    assert main(["run", str(script), "--logs-dir", str(tmp_path / "logs"),
-                 "--run-name", "taken"]) == 2
+    assert (
+        main(["run", str(script), "--logs-dir", str(tmp_path / "logs"), "--run-name", "taken"]) == 2
+    )
     assert "already exists" in capsys.readouterr().err
     assert main(["run", str(script), "--nproc-per-node", "0"]) == 2
     assert main(["run", str(script), "--nnodes", "2", "--node-rank", "2"]) == 2

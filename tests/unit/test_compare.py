@@ -5,11 +5,12 @@ import json
 import orjson
 import pytest
 
-from rankfiles import synthetic_run
 from traceml import schema
 from traceml.cli import main
 from traceml.compare import compare, gate_exit_code, load_summary
 from traceml.finalize import summarise
+
+from rankfiles import synthetic_run
 
 
 def make_summary(path, **kwargs):

@@ -2,9 +2,10 @@
 
 import pytest
 
-from rankfiles import synthetic_run
 from traceml.diagnose import diagnose
 from traceml.reduce import reduce_run
+
+from rankfiles import synthetic_run
 
 
 def verdicts_for(tmp_path, **kwargs):

@@ -3,9 +3,10 @@
 import orjson
 import pytest
 
-from rankfiles import footer, header, step, synthetic_run, write_rank, write_run
 from traceml import schema
 from traceml.reduce import ReduceError, reduce_run
+
+from rankfiles import footer, header, step, synthetic_run, write_rank, write_run
 
 RANK0 = [
     dict(input=100, forward=10, backward=20, optimizer=5, residual=5),  # warm-up
@@ -132,8 +133,11 @@ def test_failed_rank(tmp_path):
     write_rank(
         tmp_path,
         0,
-        [header(), *[step(i, forward=5) for i in range(3)],
-         footer(3, schema.STATUS_EXCEPTION, error="RuntimeError: boom")],
+        [
+            header(),
+            *[step(i, forward=5) for i in range(3)],
+            footer(3, schema.STATUS_EXCEPTION, error="RuntimeError: boom"),
+        ],
     )
     summary = reduce_run(tmp_path)
     assert summary["status"] == "failed"
@@ -146,8 +150,13 @@ def test_unsupported_setup(tmp_path):
         0,
         [
             header(),
-            {"kind": "event", "level": "warning", "code": "unsupported",
-             "message": "FSDP is not supported", "at_step": 0},
+            {
+                "kind": "event",
+                "level": "warning",
+                "code": "unsupported",
+                "message": "FSDP is not supported",
+                "at_step": 0,
+            },
             footer(0, schema.STATUS_UNSUPPORTED),
         ],
     )

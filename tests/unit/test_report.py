@@ -2,10 +2,11 @@
 
 import re
 
-from rankfiles import synthetic_run
 from traceml import schema
 from traceml.finalize import summarise
 from traceml.report import render_html, render_text
+
+from rankfiles import synthetic_run
 
 
 def test_text_report_layout(tmp_path):
