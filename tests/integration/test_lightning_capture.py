@@ -1,0 +1,248 @@
+"""TRACEML=1 on a real (tiny) Lightning training: what is recorded, and that it is right."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import orjson
+import pytest
+
+from traceml import schema
+
+from procs import PYTHON, TINY, clean_env, rank_records, run, steps_of, tiny_result
+
+
+def traced(tmp_path, **tiny):
+    settings = {
+        "TRACEML": "1",
+        "TRACEML_LOGS_DIR": tmp_path / "logs",
+        "TRACEML_RUN_NAME": "t",
+        "TRACEML_REPORT": "0",
+    }
+    env = clean_env(**{**settings, **tiny})
+    result = run([PYTHON, TINY], env, tmp_path)
+    return result, tmp_path / "logs" / "t"
+
+
+def assert_adds_up(step):
+    named = sum(step[p] for p in schema.PHASES if step[p] is not None)
+    assert abs(named - step[schema.STEP]) < 0.001  # ms: within 1 microsecond
+    assert step[schema.RESIDUAL] >= 0
+
+
+@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+def test_one_record_per_optimizer_step_and_phases_add_up(tmp_path, package):
+    result, run_dir = traced(tmp_path, TINY_PACKAGE=package, TINY_BATCHES=10, TINY_EPOCHS=2)
+    assert result.returncode == 0, result.stderr
+    lightning = tiny_result(result.stdout)
+    assert lightning["traceml_callbacks"] == 1
+    records = rank_records(run_dir)
+    assert records[0]["kind"] == "header" and records[-1]["kind"] == "footer"
+    assert records[-1]["status"] == "completed"
+    steps = steps_of(records)
+    # Sanity checks and validation (2 batches each epoch) add nothing.
+    assert len(steps) == lightning["global_step"] == 20
+    assert [s["global_step"] for s in steps] == list(range(1, 21))
+    assert records[-1]["steps"] == 20
+    for step in steps:
+        for fieldname in schema.TIMED_FIELDS:
+            assert step[fieldname] is not None, fieldname
+        for fieldname in (*schema.GPU_FIELDS, schema.MEM_PEAK_ALLOCATED, schema.MEM_PEAK_RESERVED):
+            assert step[fieldname] is None  # CPU: unmeasured, never 0
+        assert step[schema.RSS] > 0
+        assert_adds_up(step)
+    # Validation ran between the epochs: it shows as a gap before epoch 1's first step.
+    first_of_epoch_1 = next(s for s in steps if s["epoch"] == 1)
+    assert first_of_epoch_1[schema.GAP_MS] > max(s[schema.GAP_MS] or 0 for s in steps[1:10])
+
+
+def test_gradient_accumulation(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=7, TINY_ACCUM=2)
+    assert result.returncode == 0, result.stderr
+    steps = steps_of(rank_records(run_dir))
+    assert len(steps) == tiny_result(result.stdout)["global_step"] == 4
+    assert [s["microbatches"] for s in steps] == [2, 2, 2, 1]  # the last group is shorter
+    for step in steps:
+        assert_adds_up(step)
+
+
+def test_input_wait_matches_an_injected_dataloader_delay(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=14, TINY_FETCH_SLEEP_MS=40, TINY_VALIDATE=0)
+    assert result.returncode == 0, result.stderr
+    steady = steps_of(rank_records(run_dir))[2:]
+    median = sorted(s[schema.INPUT_WAIT] for s in steady)[len(steady) // 2]
+    assert 40.0 <= median <= 44.0  # within 10% of the injected 40 ms
+    assert all(s[schema.FORWARD] < 20 for s in steady)
+
+
+def test_forward_matches_an_injected_forward_delay(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=14, TINY_FORWARD_SLEEP_MS=40, TINY_VALIDATE=0)
+    assert result.returncode == 0, result.stderr
+    steady = steps_of(rank_records(run_dir))[2:]
+    median = sorted(s[schema.FORWARD] for s in steady)[len(steady) // 2]
+    assert 40.0 <= median <= 44.0
+    assert all(s[schema.INPUT_WAIT] < 20 for s in steady)
+
+
+def test_trace_max_steps_records_the_first_steps_and_training_goes_on(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=12, TRACEML_TRACE_MAX_STEPS=2)
+    assert result.returncode == 0, result.stderr
+    records = rank_records(run_dir)
+    assert len(steps_of(records)) == 2
+    assert tiny_result(result.stdout)["global_step"] == 12
+    assert any(r.get("code") == "trace_max_steps_reached" for r in records)
+    assert records[-1]["status"] == "completed" and records[-1]["steps"] == 2
+
+
+def test_sigkill_keeps_every_completed_step(tmp_path):
+    env = clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_RUN_NAME="k",
+        TRACEML_REPORT="0",
+        TINY_BATCHES=500,
+        TINY_STEP_SLEEP_MS=30,
+        TINY_VALIDATE=0,
+    )
+    process = subprocess.Popen(
+        [PYTHON, str(TINY)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    path = tmp_path / "logs" / "k" / "ranks" / "rank_0.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if path.exists() and path.read_bytes().count(b'"kind":"step"') >= 5:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the traced run never wrote 5 steps")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    lines = path.read_bytes().splitlines()
+    records = [orjson.loads(line) for line in lines]  # every line parses
+    steps = steps_of(records)
+    assert len(steps) >= 5
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    assert records[-1]["kind"] == "step"  # no footer: the process never got to write one
+    report = run(
+        [PYTHON, "-m", "traceml", "report", tmp_path / "logs" / "k"], clean_env(), tmp_path
+    )
+    assert report.returncode == 0, report.stderr
+    assert "no footer" in report.stdout
+
+
+def test_evaluation_after_training_adds_no_steps(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=6, TINY_VALIDATE_AFTER="1")
+    assert result.returncode == 0, result.stderr
+    records = rank_records(run_dir)
+    assert len(steps_of(records)) == 6
+    assert [r["kind"] for r in records].count("footer") == 1
+
+
+def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
+    # A sitecustomize on the path breaks the clock after two steps, as a traceml bug would.
+    hooks = tmp_path / "inject"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import traceml.capture as c\n"
+        "original = c.StepClock.batch_ended\n"
+        "def broken(self, now, **kw):\n"
+        "    if self.steps_emitted >= 2:\n"
+        "        raise ValueError('injected failure')\n"
+        "    return original(self, now, **kw)\n"
+        "c.StepClock.batch_ended = broken\n"
+    )
+    env = clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_RUN_NAME="b",
+        TRACEML_REPORT="0",
+        TINY_BATCHES=8,
+        PYTHONPATH=hooks,
+    )
+    result = run([PYTHON, TINY], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert tiny_result(result.stdout)["global_step"] == 8
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("traceml:")]
+    assert len(warnings) == 1
+    assert "tracing disabled" in warnings[0] and "injected failure" in warnings[0]
+    records = rank_records(tmp_path / "logs" / "b")
+    assert len(steps_of(records)) == 2
+    assert any(r.get("code") == "disabled" for r in records)
+    assert records[-1]["status"] == "disabled"
+
+
+def test_unwritable_logs_dir_warns_and_trains(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the logs dir should be")
+    result, _ = traced(tmp_path, TINY_BATCHES=4, TRACEML_LOGS_DIR=blocker / "logs")
+    assert result.returncode == 0, result.stderr
+    assert tiny_result(result.stdout)["global_step"] == 4
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("traceml:")]
+    assert len(warnings) == 1 and "cannot create" in warnings[0]
+
+
+def test_user_exception_passes_through_with_its_traceback(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=10, TINY_RAISE_AFTER=3)
+    assert result.returncode == 1
+    assert "RuntimeError: tiny_lightning: failing on purpose at batch 4" in result.stderr
+    assert "Traceback" in result.stderr
+    records = rank_records(run_dir)
+    assert len(steps_of(records)) == 3
+    assert records[-1]["status"] == "exception"
+    assert "failing on purpose" in records[-1]["error"]
+
+
+def test_direct_launch_prints_the_report_at_exit(tmp_path):
+    env = clean_env(
+        TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TINY_BATCHES=14, TINY_VALIDATE=0
+    )
+    result = run([PYTHON, TINY], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Verdict:") == 1
+    run_dir = next((tmp_path / "logs").iterdir())
+    assert run_dir.name.startswith("tiny_lightning-")
+    assert (run_dir / "final_summary.json").is_file()
+
+
+def test_exit_code_passes_through(tmp_path):
+    result, _ = traced(tmp_path, TINY_BATCHES=3, TINY_EXIT_CODE=3)
+    assert result.returncode == 3
+
+
+def test_init_twice_gives_one_callback_and_conflicts_are_errors(tmp_path):
+    env = clean_env(
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_REPORT="0",
+        TINY_BATCHES=4,
+        TINY_INIT="manual",
+        TINY_INIT_CALLS=2,
+    )
+    result = run([PYTHON, TINY], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert tiny_result(result.stdout)["traceml_callbacks"] == 1
+    assert len(steps_of(rank_records(tmp_path / "logs" / "manual"))) == 4
+
+    code = (
+        "import traceml.integrations.rfdetr as t\n"
+        "t.init(run_name='one')\n"
+        "try:\n"
+        "    t.init(run_name='two')\n"
+        "except t.TraceMLConfigError as exc:\n"
+        "    print('ERROR', exc)\n"
+    )
+    result = run([PYTHON, "-c", code], clean_env(TRACEML_LOGS_DIR=tmp_path), tmp_path)
+    assert "ERROR traceml is already initialised with run_name='one' (asked 'two')" in (
+        result.stdout
+    )
+    # Under an automatic launch the launch's configuration wins, with a warning.
+    result = run([PYTHON, "-c", code], clean_env(TRACEML="1", TRACEML_RUN_NAME="launch"), tmp_path)
+    assert "ERROR" not in result.stdout
+    assert "traceml.init() ignored" in result.stderr

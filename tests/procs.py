@@ -1,0 +1,71 @@
+"""Running real processes in tests: environment, timeouts, and reading what traceml wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
+TINY = SCRIPTS / "tiny_lightning.py"
+EXAMPLE = ROOT / "examples" / "integrations" / "rfdetr_minimal.py"
+PYTHON = sys.executable
+BIN = Path(sys.executable).parent
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any TRACEML_* or torchrun variables."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRACEML", "TINY_", "TORCHELASTIC"))
+        and k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_RANK",
+            "NODE_RANK",
+        )
+    }
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300):
+    return subprocess.run(
+        [str(a) for a in args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def traceml(*args: str) -> list[str]:
+    return [str(BIN / "traceml"), *args]
+
+
+def rank_records(run_dir: Path, rank: int = 0) -> list[dict]:
+    path = run_dir / "ranks" / f"rank_{rank}.jsonl"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def steps_of(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["kind"] == "step"]
+
+
+def only_run_dir(logs: Path) -> Path:
+    dirs = [p for p in logs.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def tiny_result(stdout: str) -> dict[str, int]:
+    line = next(line for line in stdout.splitlines() if line.startswith("TINY_RESULT"))
+    return {k: int(v) for k, v in (item.split("=") for item in line.split()[1:])}
