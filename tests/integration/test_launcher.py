@@ -1,0 +1,237 @@
+"""`traceml run` and direct launches: real subprocesses, real torchrun with 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from procs import BIN, PYTHON, TINY, clean_env, only_run_dir, rank_records, run, steps_of, traceml
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A copy of the tiny script inside tmp_path: every process it starts names tmp_path."""
+    target = tmp_path / "tiny_lightning.py"
+    shutil.copy(TINY, target)
+    return target
+
+
+def leftovers(tmp_path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(tmp_path) in part for part in process.info["cmdline"] or []):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_no_orphans(tmp_path):
+    deadline = time.monotonic() + 10
+    while leftovers(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers(tmp_path) == []
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_single_process_run(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=14, TINY_VALIDATE=0)
+    result = run(
+        traceml(
+            "run", tiny, "--logs-dir", tmp_path / "logs", "--html", "--args", "--ignored-by-tiny"
+        ),
+        env,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path / "logs")
+    assert run_dir.name.startswith("tiny_lightning-")
+    assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0.jsonl"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["steps_recorded"] == 14
+    assert (run_dir / "final_summary.txt").is_file() and (run_dir / "report.html").is_file()
+    # The report is the last thing printed.
+    assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
+    assert "Verdict:" in result.stdout
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["exit_code"] == 0
+    assert manifest["child_command"][-1] == "--ignored-by-tiny"
+    assert manifest["cwd"] == str(tmp_path)
+    assert manifest["topology"]["world_size"] == 1
+    assert manifest["versions"]["torch"]
+
+
+def test_module_launch_and_no_report(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=3, TINY_VALIDATE=0, PYTHONPATH=tmp_path)
+    result = run(
+        traceml(
+            "run",
+            "-m",
+            "tiny_lightning",
+            "--logs-dir",
+            tmp_path / "logs",
+            "--run-name",
+            "mod",
+            "--no-report",
+        ),
+        env,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Verdict:" not in result.stdout
+    assert len(steps_of(rank_records(tmp_path / "logs" / "mod"))) == 3
+
+
+def test_script_that_raises_after_three_steps(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=10, TINY_RAISE_AFTER=3, TINY_VALIDATE=0)
+    result = run(
+        traceml("run", tiny, "--logs-dir", tmp_path / "logs", "--run-name", "boom"), env, tmp_path
+    )
+    assert result.returncode == 1
+    assert "RuntimeError: tiny_lightning: failing on purpose" in result.stderr
+    summary = json.loads((tmp_path / "logs" / "boom" / "final_summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["steps_recorded"] == 3
+    assert "training failed after 3 steps" in result.stdout
+    assert "the script exited with code 1" in result.stdout
+
+
+def test_sys_exit_code_passes_through(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=2, TINY_VALIDATE=0, TINY_EXIT_CODE=3)
+    result = run(traceml("run", tiny, "--logs-dir", tmp_path / "logs"), env, tmp_path)
+    assert result.returncode == 3
+
+
+def test_sigterm_gives_a_partial_report_and_no_orphans(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=1000, TINY_STEP_SLEEP_MS=20, TINY_VALIDATE=0, TINY_NUM_WORKERS=2)
+    process = subprocess.Popen(
+        traceml("run", str(tiny), "--logs-dir", str(tmp_path / "logs"), "--run-name", "term"),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rank_file = tmp_path / "logs" / "term" / "ranks" / "rank_0.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if rank_file.exists() and rank_file.read_bytes().count(b'"kind":"step"') >= 4:
+            break
+        time.sleep(0.1)
+    assert len(leftovers(tmp_path)) >= 3  # launcher, script, two DataLoader workers
+    process.send_signal(signal.SIGTERM)
+    stdout, _stderr = process.communicate(timeout=120)
+    assert process.returncode == 143
+    assert "received SIGTERM" in stdout
+    summary = json.loads((tmp_path / "logs" / "term" / "final_summary.json").read_text())
+    assert summary["steps_recorded"] >= 4
+    assert summary["status"] in ("interrupted", "partial")
+    assert_no_orphans(tmp_path)
+
+
+def test_two_ranks_under_traceml_run(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=12, TINY_VALIDATE=0)
+    result = run(
+        traceml(
+            "run",
+            "--nproc-per-node",
+            "2",
+            tiny,
+            "--logs-dir",
+            tmp_path / "logs",
+            "--run-name",
+            "ddp",
+        ),
+        env,
+        tmp_path,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "ddp"
+    assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0.jsonl", "rank_1.jsonl"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    # 12 batches split by the DistributedSampler: 6 optimizer steps per rank.
+    assert [r["steps_recorded"] for r in summary["ranks"]] == [6, 6]
+    assert "Per rank (median ms per step)" in result.stdout
+    assert result.stdout.count("Verdict:") == 1
+    assert_no_orphans(tmp_path)
+
+
+def test_direct_torchrun_launch(tmp_path, tiny):
+    env = clean_env(
+        TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TINY_BATCHES=12, TINY_VALIDATE=0
+    )
+    result = run(
+        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", tiny],
+        env,
+        tmp_path,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "logs")  # one run directory for both ranks
+    assert run_dir.name.startswith("tiny_lightning-")
+    assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0.jsonl", "rank_1.jsonl"]
+    combined = result.stdout + result.stderr
+    assert combined.count("Verdict:") == 1  # printed once, by rank 0
+    assert (run_dir / "final_summary.json").is_file()
+
+
+def test_two_nodes_simulated_on_one_machine(tmp_path, tiny):
+    env = clean_env(TINY_BATCHES=8, TINY_VALIDATE=0)
+    port = str(free_port())
+    common = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+        "--logs-dir",
+        str(tmp_path / "logs"),
+    ]
+    nodes = [
+        subprocess.Popen(
+            traceml("run", *common, "--node-rank", str(rank), str(tiny)),
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], (
+        outputs[0][1][-6000:] + outputs[1][1][-3000:]
+    )
+    run_dir = only_run_dir(tmp_path / "logs")  # both nodes agreed on one run directory
+    assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0.jsonl", "rank_1.jsonl"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["ranks_missing"] == []
+    assert sorted(r["node_rank"] for r in summary["ranks"]) == [0, 1]
+    assert "Verdict:" in outputs[0][0]
+    assert "node 1 finished" in outputs[1][1]
+    assert_no_orphans(tmp_path)
+
+
+def test_missing_script_is_one_line_exit_2(tmp_path):
+    result = run([PYTHON, "-m", "traceml", "run", "nope.py"], clean_env(), tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == "traceml: error: no such script: nope.py\n"
