@@ -14,13 +14,17 @@ def start() -> None:
     """Activate traceml when ``TRACEML`` is set; never raise into interpreter start-up."""
     if os.environ.get("TRACEML", "").strip().lower() in _OFF_VALUES:
         return
+    import sys
+
+    # Some venvs list one site-packages twice; start once, warn once.
+    if getattr(sys, "_traceml_pth_ran", False):
+        return
+    sys._traceml_pth_ran = True
     try:
         from traceml.bootstrap import activate
 
         activate()
     except Exception as exc:  # a broken install must not break every Python start
-        import sys
-
         print(
             f"traceml: tracing disabled, could not start ({type(exc).__name__}: {exc})",
             file=sys.stderr,

@@ -17,7 +17,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 stamp="$VENV/.traceml-installed"
-want=$(cat pyproject.toml scripts/env.sh | sha256sum | cut -d' ' -f1)
+# The start-up files are copied into site-packages at install time: a change means reinstall.
+want=$(cat pyproject.toml scripts/env.sh traceml_bootstrap.* | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "==> installing traceml and its test dependencies into $VENV (first run: a few minutes)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip

@@ -1,0 +1,171 @@
+"""Real RF-DETR (1.10.1) training on CPU with a tiny synthetic dataset, traced with no code
+change. Offline: pretrain_weights=None, no hub downloads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from procs import EXAMPLE, PYTHON, SCRIPTS, clean_env, only_run_dir, rank_records, run
+from procs import steps_of, traceml
+from traceml import schema
+
+RFD = SCRIPTS / "rfdetr_train.py"
+
+
+def traced_rfdetr(tmp_path, **extra):
+    env = clean_env(TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TRACEML_RUN_NAME="r",
+                    TRACEML_REPORT="0", RFD_WORKDIR=tmp_path / "work", **extra)
+    result = run([PYTHON, RFD], env, tmp_path, timeout=600)
+    shutil.rmtree(tmp_path / "work", ignore_errors=True)  # ~0.5 GB of checkpoints
+    return result
+
+
+def test_train_then_evaluate_records_every_optimizer_step_and_nothing_else(tmp_path):
+    result = traced_rfdetr(tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RFD_DONE evaluated=True" in result.stdout
+    records = rank_records(tmp_path / "logs" / "r")
+    header = records[0]
+    assert header["integration"] == "rfdetr"
+    assert header["versions"]["rfdetr"] == "1.10.1"
+    assert header["device"]["type"] == "cpu"
+    steps = steps_of(records)
+    # 16 images, batch 2: Lightning ran 8 optimizer steps (global_step counts them); the
+    # validation pass and the evaluate() afterwards added no records.
+    assert len(steps) == 8
+    assert [s["global_step"] for s in steps] == list(range(1, 9))
+    assert [r["kind"] for r in records].count("footer") == 1
+    assert records[-1]["status"] == "completed" and records[-1]["steps"] == 8
+    for step in steps:
+        for fieldname in schema.TIMED_FIELDS:
+            assert step[fieldname] is not None, fieldname
+        for fieldname in (*schema.GPU_FIELDS, schema.MEM_PEAK_ALLOCATED, schema.MEM_PEAK_RESERVED):
+            assert step[fieldname] is None
+        named = sum(step[p] for p in schema.PHASES)
+        assert abs(named - step[schema.STEP]) < 0.001  # within a microsecond
+        assert step[schema.RESIDUAL] >= 0
+        assert step[schema.FORWARD] > 0 and step[schema.BACKWARD] > 0
+
+
+def test_gradient_accumulation_two(tmp_path):
+    result = traced_rfdetr(tmp_path, RFD_GRAD_ACCUM=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = steps_of(rank_records(tmp_path / "logs" / "r"))
+    # 16 images < batch 2 x accumulation 2 x 5: RF-DETR samples 5 effective batches with
+    # replacement, i.e. 10 microbatches and 5 optimizer steps.
+    assert len(steps) == 5
+    assert [s["global_step"] for s in steps] == [1, 2, 3, 4, 5]
+    assert [s["microbatches"] for s in steps] == [2, 2, 2, 2, 2]
+
+
+def test_evaluation_only_script_creates_no_rank_file(tmp_path):
+    result = traced_rfdetr(tmp_path, RFD_MODE="evaluate")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RFD_DONE evaluated=True" in result.stdout
+    assert not (tmp_path / "logs").exists()
+
+
+def test_import_alone_changes_nothing_and_the_wrapper_looks_like_the_original(tmp_path):
+    code = (
+        "import sys, inspect\n"
+        "import rfdetr\n"
+        "print('training imported:', 'rfdetr.training' in sys.modules)\n"
+        "from rfdetr import training\n"
+        "from rfdetr.training import trainer as module\n"
+        "wrapped = training.build_trainer\n"
+        "print('same object:', module.build_trainer is wrapped)\n"
+        "print('wrapped:', hasattr(wrapped, '__wrapped__'))\n"
+        "print('name:', wrapped.__name__)\n"
+        "print('signature equal:', inspect.signature(wrapped) ==\n"
+        "      inspect.signature(wrapped.__wrapped__))\n"
+        "print('doc equal:', wrapped.__doc__ == wrapped.__wrapped__.__doc__)\n"
+    )
+    result = run([PYTHON, "-c", code], clean_env(TRACEML="1"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "training imported: False",
+        "same object: True",
+        "wrapped: True",
+        "name: build_trainer",
+        "signature equal: True",
+        "doc equal: True",
+    ]
+    plain = run([PYTHON, "-c", "import rfdetr"], clean_env(), tmp_path)
+    traced = run([PYTHON, "-c", "import rfdetr"], clean_env(TRACEML="1"), tmp_path)
+    assert traced.returncode == plain.returncode == 0
+    assert traced.stdout == plain.stdout
+    assert "traceml" not in traced.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_example_refuses_an_existing_output_dir_before_training(tmp_path):
+    (tmp_path / "out").mkdir()
+    result = run(traceml("run", EXAMPLE, "--logs-dir", tmp_path / "logs", "--args", "--demo",
+                         "--output-dir", tmp_path / "out"), clean_env(), tmp_path)
+    assert result.returncode == 2
+    assert "output directory" in result.stderr and "already exists" in result.stderr
+    assert "rfdetr_minimal: error:" in result.stderr
+    assert not list((tmp_path / "logs").glob("*/ranks/*.jsonl"))
+
+
+def run_example(tmp_path, name, *args, nproc=1):
+    temp = tmp_path / f"tmp-{name}"
+    temp.mkdir()
+    result = run(
+        traceml("run", "--nproc-per-node", str(nproc), EXAMPLE, "--logs-dir", tmp_path / "logs",
+                "--run-name", name, "--args", "--demo", "--output-dir", tmp_path / name,
+                "--epochs", "1", "--accelerator", "cpu", "--resolution", "64", *args),
+        clean_env(TMPDIR=temp), tmp_path, timeout=900,
+    )
+    leftover = list(temp.glob("rfdetr-demo-*"))
+    shutil.rmtree(tmp_path / name, ignore_errors=True)  # checkpoints
+    return result, leftover
+
+
+def test_demo_runs_under_traceml_and_compare_names_what_moved(tmp_path):
+    runs = {}
+    for workers in (0, 2):
+        result, leftover = run_example(tmp_path, f"w{workers}", "--num-workers", str(workers))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert leftover == []  # the temporary dataset is gone
+        assert "Verdict:" in result.stdout
+        assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
+        summary = json.loads((tmp_path / "logs" / f"w{workers}" / "final_summary.json").read_text())
+        # 32 demo images, batch 2: one record per optimizer update.
+        assert summary["steps_recorded"] == 16
+        assert summary["setup"]["num_workers"] == workers
+        runs[workers] = tmp_path / "logs" / f"w{workers}" / "final_summary.json"
+
+    output = tmp_path / "comparisons" / "w0_vs_w2"
+    result = run(traceml("compare", runs[0], runs[2], "--output", output), clean_env(), tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "comparisons" / "w0_vs_w2.txt").read_text()
+    data = json.loads((tmp_path / "comparisons" / "w0_vs_w2.json").read_text())
+    assert text == result.stdout
+    assert data["verdict"] in ("IMPROVEMENT", "REGRESSION", "EQUIVALENT", "MIXED")
+    assert data["changes"] == ["DataLoader workers: 0 -> 2"]
+    assert "Phases that moved:" in text
+    for label in ("Input Wait", "Forward", "Backward", "Optimizer", "Residual", "Step"):
+        assert f"  {label}" in text
+    for fieldname, entry in data["fields"].items():
+        if entry.get("significant"):
+            assert entry["label"] in data["phases_that_moved"], fieldname
+
+
+def test_demo_with_two_ranks(tmp_path):
+    result, leftover = run_example(tmp_path, "ddp", nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert leftover == []
+    summary = json.loads((tmp_path / "logs" / "ddp" / "final_summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert [r["steps_recorded"] for r in summary["ranks"]] == [8, 8]
+    assert "Per rank" in result.stdout
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch):
+    # Belt and braces: nothing here may reach a model hub.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
