@@ -250,8 +250,18 @@ def render_html(summary: dict[str, Any]) -> str:
         )
         + "</p>"
     )
-    for entry in summary.get(schema.SUMMARY_RANKS) or []:
-        parts.append(_timeline_svg(entry))
+    ranks = summary.get(schema.SUMMARY_RANKS) or []
+    # One scale for every rank, so a slow rank looks slow.
+    tallest = max(
+        (
+            b.get(schema.STEP) or 0.0
+            for e in ranks
+            for b in (e.get(schema.TIMELINE) or {}).get("bins", [])
+        ),
+        default=0.0,
+    )
+    for entry in ranks:
+        parts.append(_timeline_svg(entry, tallest or 1.0))
     notes = summary.get(schema.SUMMARY_NOTES) or []
     if notes:
         parts.append("<h2>Notes</h2><ul>")
@@ -287,16 +297,22 @@ def _html_table(summary: dict[str, Any]) -> str:
     return "".join(rows)
 
 
-def _timeline_svg(entry: dict[str, Any]) -> str:
+def _timeline_svg(entry: dict[str, Any], tallest: float) -> str:
     timeline = entry.get(schema.TIMELINE) or {}
     bins = timeline.get("bins") or []
     rank = entry.get(schema.RANK)
     if not bins:
         return f"<p>Rank {rank}: no steps recorded.</p>"
     width, height, left, bottom = 900, 180, 50, 20
-    tallest = max((b.get(schema.STEP) or 0.0) for b in bins) or 1.0
     bar = (width - left) / len(bins)
+    per_bin = timeline.get("steps_per_bin", 1)
+    warmup_bars = -(-int(timeline.get("warmup_steps", 0)) // per_bin)
     shapes = []
+    if warmup_bars:
+        shapes.append(
+            f'<rect x="{left}" y="0" width="{warmup_bars * bar:.2f}" height="{height - bottom}" '
+            'fill="#eeeeee"><title>warm-up: not in the statistics</title></rect>'
+        )
     for index, entry_bin in enumerate(bins):
         y = height - bottom
         x = left + index * bar
@@ -310,10 +326,9 @@ def _timeline_svg(entry: dict[str, Any]) -> str:
                 f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(bar - 0.5, 0.5):.2f}" '
                 f'height="{h:.2f}" fill="{_COLORS[phase]}"/>'
             )
-    per_bin = timeline.get("steps_per_bin", 1)
     caption = (
         f"Rank {rank}: {len(bins)} bars of {per_bin} step{'s' if per_bin != 1 else ''} each "
-        f"(mean per bar); tallest {tallest:.1f} ms"
+        f"(mean per bar; grey: warm-up); scale {tallest:.1f} ms"
     )
     axis = (
         f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" '
