@@ -10,12 +10,16 @@ import subprocess
 
 import pytest
 
-from rankfiles import synthetic_run
 from traceml.finalize import summarise
 
+from rankfiles import synthetic_run
+
 BROWSER = next(
-    (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
-     if shutil.which(name)),
+    (
+        shutil.which(name)
+        for name in ("chromium", "chromium-browser", "google-chrome")
+        if shutil.which(name)
+    ),
     None,
 )
 
@@ -27,11 +31,24 @@ def test_report_html_renders_in_headless_chromium(tmp_path):
     page = tmp_path / "run" / "report.html"
     shot = tmp_path / "report.png"
     result = subprocess.run(
-        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-         "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,1600",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     data = shot.read_bytes()

@@ -34,8 +34,14 @@ def site_packages(env_dir: Path) -> Path:
 
 
 def sh(args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True,
-                          env=env or clean_env(), cwd=cwd, timeout=600)
+    return subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module", params=["wheel", "editable"])
@@ -57,7 +63,9 @@ def test_nothing_happens_without_traceml(installed, tmp_path):
     result = sh([python_in(installed), "-c", PROBE], cwd=tmp_path)
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.splitlines() == [
-        "traceml loaded: False", "active: False", "waiting on: []"
+        "traceml loaded: False",
+        "active: False",
+        "waiting on: []",
     ]
 
 
@@ -73,8 +81,9 @@ def test_activation_with_traceml(installed, tmp_path):
 
 
 def test_plain_import_prints_nothing_extra(installed, tmp_path):
-    result = sh([python_in(installed), "-c", "import json; print('ok')"],
-                clean_env(TRACEML="1"), tmp_path)
+    result = sh(
+        [python_in(installed), "-c", "import json; print('ok')"], clean_env(TRACEML="1"), tmp_path
+    )
     assert (result.returncode, result.stdout, result.stderr) == (0, "ok\n", "")
 
 
@@ -88,11 +97,18 @@ def test_broken_setting_is_one_warning_and_the_program_runs(installed, tmp_path)
 
 
 def test_start_entry_point_does_the_same(installed, tmp_path):
-    code = "import traceml_bootstrap, sys; traceml_bootstrap.start(); print('traceml' in sys.modules)"
-    result = sh([python_in(installed), "-S", "-c",
-                 f"import sys; sys.path.append({str(site_packages(installed))!r}); {code}"],
-                clean_env(), tmp_path)
-    assert result.stdout == "False\n"
+    # Python 3.15+ calls traceml_bootstrap:start instead of running the .pth line. Here the
+    # interpreter starts with TRACEML unset (the .pth does nothing) and the call is made by hand.
+    code = (
+        "import os, sys, traceml_bootstrap\n"
+        "traceml_bootstrap.start()\n"
+        "print('traceml' in sys.modules)\n"
+        "os.environ['TRACEML'] = '1'\n"
+        "traceml_bootstrap.start()\n"
+        "print(sys.modules['traceml.bootstrap'].active_settings() is not None)\n"
+    )
+    result = sh([python_in(installed), "-c", code], clean_env(), tmp_path)
+    assert (result.stdout, result.stderr) == ("False\nTrue\n", "")
 
 
 def test_broken_install_never_breaks_python_start(installed, tmp_path):

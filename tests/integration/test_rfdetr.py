@@ -8,16 +8,31 @@ import shutil
 
 import pytest
 
-from procs import EXAMPLE, PYTHON, SCRIPTS, clean_env, only_run_dir, rank_records, run
-from procs import steps_of, traceml
 from traceml import schema
+
+from procs import (
+    EXAMPLE,
+    PYTHON,
+    SCRIPTS,
+    clean_env,
+    rank_records,
+    run,
+    steps_of,
+    traceml,
+)
 
 RFD = SCRIPTS / "rfdetr_train.py"
 
 
 def traced_rfdetr(tmp_path, **extra):
-    env = clean_env(TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TRACEML_RUN_NAME="r",
-                    TRACEML_REPORT="0", RFD_WORKDIR=tmp_path / "work", **extra)
+    env = clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_RUN_NAME="r",
+        TRACEML_REPORT="0",
+        RFD_WORKDIR=tmp_path / "work",
+        **extra,
+    )
     result = run([PYTHON, RFD], env, tmp_path, timeout=600)
     shutil.rmtree(tmp_path / "work", ignore_errors=True)  # ~0.5 GB of checkpoints
     return result
@@ -103,8 +118,20 @@ def test_import_alone_changes_nothing_and_the_wrapper_looks_like_the_original(tm
 
 def test_example_refuses_an_existing_output_dir_before_training(tmp_path):
     (tmp_path / "out").mkdir()
-    result = run(traceml("run", EXAMPLE, "--logs-dir", tmp_path / "logs", "--args", "--demo",
-                         "--output-dir", tmp_path / "out"), clean_env(), tmp_path)
+    result = run(
+        traceml(
+            "run",
+            EXAMPLE,
+            "--logs-dir",
+            tmp_path / "logs",
+            "--args",
+            "--demo",
+            "--output-dir",
+            tmp_path / "out",
+        ),
+        clean_env(),
+        tmp_path,
+    )
     assert result.returncode == 2
     assert "output directory" in result.stderr and "already exists" in result.stderr
     assert "rfdetr_minimal: error:" in result.stderr
@@ -115,10 +142,30 @@ def run_example(tmp_path, name, *args, nproc=1):
     temp = tmp_path / f"tmp-{name}"
     temp.mkdir()
     result = run(
-        traceml("run", "--nproc-per-node", str(nproc), EXAMPLE, "--logs-dir", tmp_path / "logs",
-                "--run-name", name, "--args", "--demo", "--output-dir", tmp_path / name,
-                "--epochs", "1", "--accelerator", "cpu", "--resolution", "64", *args),
-        clean_env(TMPDIR=temp), tmp_path, timeout=900,
+        traceml(
+            "run",
+            "--nproc-per-node",
+            str(nproc),
+            EXAMPLE,
+            "--logs-dir",
+            tmp_path / "logs",
+            "--run-name",
+            name,
+            "--args",
+            "--demo",
+            "--output-dir",
+            tmp_path / name,
+            "--epochs",
+            "1",
+            "--accelerator",
+            "cpu",
+            "--resolution",
+            "64",
+            *args,
+        ),
+        clean_env(TMPDIR=temp),
+        tmp_path,
+        timeout=900,
     )
     leftover = list(temp.glob("rfdetr-demo-*"))
     shutil.rmtree(tmp_path / name, ignore_errors=True)  # checkpoints
