@@ -21,6 +21,14 @@ from traceml import schema
 
 NS_PER_MS = 1_000_000
 
+# Fields a step record always carries; the device ones stay null unless a CUDA timer fills
+# them in (never 0: on CPU they are unmeasured).
+DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
+    **{fieldname: None for fieldname in schema.GPU_FIELDS},
+    schema.MEM_PEAK_ALLOCATED: None,
+    schema.MEM_PEAK_RESERVED: None,
+}
+
 
 def ns_to_ms(value: int | None) -> float | None:
     return None if value is None else value / NS_PER_MS
@@ -183,6 +191,40 @@ class StepClock:
             schema.BACKWARD: ns_to_ms(group.backward_ns),
             schema.OPTIMIZER: ns_to_ms(group.optimizer_ns),
             schema.RESIDUAL: ns_to_ms(residual_ns),
+            schema.RSS: None,
         }
+        record.update(DEVICE_FIELDS_UNMEASURED)
         self.steps_emitted += 1
         return record
+
+
+def rss_reader():
+    """A callable returning this process's resident set size in bytes, cheaply.
+
+    Once per step matters: psutil's memory_info() opens and parses /proc/self/status (about
+    40 us); one pread of /proc/self/statm on a descriptor kept open costs a few. Falls back to
+    psutil where /proc does not exist, and to None when neither works.
+    """
+    import os
+
+    try:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+        page = os.sysconf("SC_PAGE_SIZE")
+        pid = os.getpid()
+
+        def read_statm() -> int | None:
+            if os.getpid() != pid:  # a forked child must not read its parent's descriptor
+                return None
+            return int(os.pread(fd, 128, 0).split()[1]) * page
+
+        read_statm()
+        return read_statm
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import psutil
+
+        memory_info = psutil.Process().memory_info
+        return lambda: memory_info().rss
+    except Exception:
+        return lambda: None

@@ -51,10 +51,11 @@ class RankSink:
             return False
         try:
             data = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            written = os.write(self._fd, data)
+            if written != len(data):  # rare for regular files: finish the line
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(self._fd, view) :]
             return True
         except (OSError, TypeError, ValueError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)

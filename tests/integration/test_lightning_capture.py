@@ -51,8 +51,11 @@ def test_one_record_per_optimizer_step_and_phases_add_up(tmp_path, package):
             assert step[fieldname] is not None, fieldname
         for fieldname in (*schema.GPU_FIELDS, schema.MEM_PEAK_ALLOCATED, schema.MEM_PEAK_RESERVED):
             assert step[fieldname] is None  # CPU: unmeasured, never 0
-        assert step[schema.RSS] > 0
+        assert step[schema.RSS] is None or step[schema.RSS] > 10_000_000
         assert_adds_up(step)
+    # RSS is read at most every 10 ms: on these millisecond steps, some of them.
+    assert steps[0][schema.RSS] is not None
+    assert sum(s[schema.RSS] is not None for s in steps) >= 2
     # Validation ran between the epochs: it shows as a gap before epoch 1's first step.
     first_of_epoch_1 = next(s for s in steps if s["epoch"] == 1)
     assert first_of_epoch_1[schema.GAP_MS] > max(s[schema.GAP_MS] or 0 for s in steps[1:10])

@@ -23,11 +23,16 @@ def env_ms(name: str) -> float:
     return float(os.environ.get(name, "0")) / 1000.0
 
 
-pl = importlib.import_module(os.environ.get("TINY_PACKAGE", "lightning.pytorch"))
+import loop_timer  # noqa: E402 - benchmarks only; a no-op unless LOOP_TIMER is set
+
+PACKAGE = os.environ.get("TINY_PACKAGE", "lightning.pytorch")
+pl = importlib.import_module(PACKAGE)
+loop_timer.install(PACKAGE)
 
 BATCHES = env_int("TINY_BATCHES", 12)
 FETCH_SLEEP = env_ms("TINY_FETCH_SLEEP_MS")
 FORWARD_SLEEP = env_ms("TINY_FORWARD_SLEEP_MS")
+OPTIMIZER_SLEEP = env_ms("TINY_OPTIMIZER_SLEEP_MS")
 STEP_SLEEP = env_ms("TINY_STEP_SLEEP_MS")
 RAISE_AFTER = env_int("TINY_RAISE_AFTER", -1)
 SLOW_RANK = env_int("TINY_SLOW_RANK", -1)
@@ -85,7 +90,17 @@ class Module(pl.LightningModule):
         self.log("val_loss", torch.nn.functional.mse_loss(self.model(x), y))
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        return SleepySGD(self.parameters(), lr=0.01)
+
+
+class SleepySGD(torch.optim.SGD):
+    """SGD whose update takes TINY_OPTIMIZER_SLEEP_MS longer (after the closure has run)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        if OPTIMIZER_SLEEP:
+            time.sleep(OPTIMIZER_SLEEP)
+        return loss
 
 
 def main() -> int:

@@ -1,0 +1,142 @@
+"""How fast is the reducer, and is its memory bounded by one rank's records?
+
+Synthesises rank files (default: 8 ranks x 100k steps, 64 ranks x 10k steps, and 1 rank x
+100k steps as the memory reference), then times reduce + diagnose + writing the summary files
+in a fresh process and reads that process's peak RSS. Target: >= 1M step records/s; peak RSS
+about the same for 8 x 100k as for 1 x 100k (bounded by the largest rank, not the total).
+
+    python benchmarks/reduce.py                      # ~2 minutes, ~700 MB of temporary files
+    python benchmarks/reduce.py --scale 0.1          # 10x smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import orjson
+from _common import PYTHON, ROOT, clean_env, values
+
+CHILD = """
+import resource, sys, time
+sys.path.insert(0, {root!r})
+from traceml.finalize import summarise
+start = time.perf_counter()
+summary, _text = summarise(__import__('pathlib').Path({run_dir!r}))
+elapsed = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(f"REDUCE seconds={{elapsed}} records={{summary['steps_recorded']}} peak_rss={{peak}}")
+"""
+
+
+def synthesize(run_dir: Path, ranks: int, steps: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    for rank in range(ranks):
+        path = run_dir / "ranks" / f"rank_{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = {
+            "kind": "header",
+            "schema": "traceml.rank/1.0",
+            "run": "bench",
+            "rank": rank,
+            "local_rank": rank % 8,
+            "world_size": ranks,
+            "node_rank": rank // 8,
+            "local_world_size": 8,
+            "host": f"node{rank // 8}",
+            "pid": 1,
+            "versions": {},
+            "device": {"type": "cuda", "name": "synthetic", "total_memory_bytes": 80 * 2**30},
+            "timing": "host+cuda_events",
+            "script": "train.py",
+            "integration": "rfdetr",
+            "accumulate_grad_batches": 1,
+            "batch_size": 8,
+            "settings": {},
+        }
+        lines = [orjson.dumps(header)]
+        t = 0.0
+        for index in range(steps):
+            phases = {
+                "input_wait_ms": rng.uniform(1, 5),
+                "h2d_ms": rng.uniform(0.5, 1),
+                "forward_ms": rng.uniform(40, 50),
+                "backward_ms": rng.uniform(80, 100),
+                "optimizer_ms": rng.uniform(5, 8),
+                "residual_ms": rng.uniform(2, 4),
+            }
+            step_ms = sum(phases.values())
+            record = {
+                "kind": "step",
+                "step": index,
+                "global_step": index + 1,
+                "epoch": 0,
+                "microbatches": 1,
+                "optimizer_stepped": True,
+                "t_ms": t,
+                "gap_ms": 0.3 if index else None,
+                "step_ms": step_ms,
+                **phases,
+                "rss_bytes": 2_000_000_000,
+                "gpu_h2d_ms": 0.8,
+                "gpu_forward_ms": 45.0,
+                "gpu_backward_ms": 90.0,
+                "gpu_optimizer_ms": 6.0,
+                "gpu_step_ms": step_ms,
+                "mem_peak_allocated_bytes": 30 * 2**30,
+                "mem_peak_reserved_bytes": 32 * 2**30,
+            }
+            t += step_ms + 0.3
+            lines.append(orjson.dumps(record))
+        lines.append(orjson.dumps({"kind": "footer", "status": "completed", "steps": steps}))
+        path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def measure(run_dir: Path) -> dict[str, float]:
+    code = CHILD.format(root=str(ROOT), run_dir=str(run_dir))
+    result = subprocess.run(
+        [PYTHON, "-c", code], env=clean_env(), capture_output=True, text=True, check=True
+    )
+    return values(result.stdout, "REDUCE")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the step counts")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cases = [(1, 100_000), (8, 100_000), (64, 10_000)]
+    rates = {}
+    peaks = {}
+    with tempfile.TemporaryDirectory(prefix="traceml-reduce-") as tmp:
+        for ranks, steps in cases:
+            steps = max(10, int(steps * args.scale))
+            run_dir = Path(tmp) / f"r{ranks}x{steps}"
+            print(f"{ranks} ranks x {steps} steps: writing rank files...", flush=True)
+            synthesize(run_dir, ranks, steps)
+            size = sum(p.stat().st_size for p in (run_dir / "ranks").iterdir()) / 2**20
+            runs = [measure(run_dir) for _ in range(args.repeats)]
+            seconds = [r["seconds"] for r in runs]
+            records = runs[0]["records"]
+            rate = records / statistics.median(seconds)
+            peak = max(r["peak_rss"] for r in runs) / 2**20
+            rates[(ranks, steps)] = rate
+            peaks[(ranks, steps)] = peak
+            print(
+                f"  {size:.0f} MiB of rank files; reduce+diagnose+write: median "
+                f"{statistics.median(seconds):.2f} s (min {min(seconds):.2f}, max "
+                f"{max(seconds):.2f}) = {rate / 1e6:.2f} M records/s; peak RSS {peak:.0f} MiB",
+                flush=True,
+            )
+    parts = [
+        f"{r}x{s}: {rates[(r, s)] / 1e6:.2f} M rec/s, {peaks[(r, s)]:.0f} MiB" for (r, s) in rates
+    ]
+    print("SUMMARY reduce: " + "; ".join(parts) + " (target >= 1 M rec/s, RSS ~ one rank)")
+
+
+if __name__ == "__main__":
+    main()
