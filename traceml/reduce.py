@@ -10,8 +10,8 @@ a rank file of a newer schema than this traceml understands.
 from __future__ import annotations
 
 import math
+import operator
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,49 +77,48 @@ def list_rank_files(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def _parse_chunk(lines: list[bytes]) -> Iterator[tuple[dict[str, Any] | None, bytes]]:
-    """Yield (record or None, raw line); one orjson call per chunk in the common case."""
+def _parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
+    """Parse JSON lines; one orjson call for the whole chunk in the common case."""
     try:
         records = orjson.loads(b"[" + b",".join(lines) + b"]")
-        if all(isinstance(record, dict) for record in records):
-            yield from zip(records, lines, strict=True)
-            return
+        if all(type(record) is dict for record in records):
+            return records
     except orjson.JSONDecodeError:
         pass
+    parsed: list[dict[str, Any] | None] = []
     for line in lines:
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
             record = None
-        yield (record if isinstance(record, dict) else None), line
+        parsed.append(record if isinstance(record, dict) else None)
+    return parsed
 
 
 def read_rank_file(path: Path, rank: int) -> RankRecords:
     data = RankRecords(rank=rank, path=path)
     raw = path.read_bytes()
-    lines = raw.split(b"\n")
     ends_cleanly = raw.endswith(b"\n") or not raw
-    if lines and lines[-1] == b"":
-        lines.pop()
-    total = len(lines)
+    lines = [line for line in raw.split(b"\n") if line]
+    del raw
     columns = data.columns
+    total = len(lines)
     for start in range(0, total, _CHUNK_LINES):
-        chunk = [line for line in lines[start : start + _CHUNK_LINES] if line.strip()]
-        for index, (record, _line) in enumerate(_parse_chunk(chunk)):
+        parsed = _parse_lines(lines[start : start + _CHUNK_LINES])
+        steps = []
+        for index, record in enumerate(parsed):
             if record is None:
-                is_last = start + index == total - 1
-                if is_last and not ends_cleanly:
+                if start + index == total - 1 and not ends_cleanly:
                     data.truncated_tail = True
                 else:
                     data.bad_lines += 1
                 continue
             kind = record.get(schema.KIND)
             if kind == schema.KIND_STEP:
-                if not isinstance(record.get(schema.STEP), (int, float)):
+                if record.get(schema.STEP) is None:
                     data.bad_lines += 1
                     continue
-                for column in _COLUMNS:
-                    columns[column].append(record.get(column))
+                steps.append(record)
             elif kind == schema.KIND_HEADER and data.header is None:
                 _check_rank_schema(record, path)
                 data.header = record
@@ -127,8 +126,25 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
                 data.events.append(record)
             elif kind == schema.KIND_FOOTER:
                 data.footer = record
-    del lines, raw
+        _append_columns(columns, steps)
     return data
+
+
+_pick_columns = operator.itemgetter(*_COLUMNS)
+
+
+def _append_columns(columns: dict[str, list[Any]], steps: list[dict[str, Any]]) -> None:
+    """Transpose step records into columns (C-speed when every field is present, as traceml
+    writes them; field by field with defaults for records from other writers)."""
+    try:
+        rows = [_pick_columns(record) for record in steps]
+    except KeyError:
+        for column in _COLUMNS:
+            columns[column].extend([record.get(column) for record in steps])
+        return
+    if rows:
+        for column, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
+            columns[column].extend(values)
 
 
 def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
@@ -158,7 +174,8 @@ def _own_ms(columns: dict[str, list[Any]]) -> list[float | None]:
 
 
 def _present(values: list[Any]) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    """The measured values (null means unmeasured and is left out)."""
+    return [v for v in values if v is not None]
 
 
 def _max_or_none(values: list[Any]) -> int | float | None:
@@ -441,7 +458,10 @@ def _overall(
         if not sketches:
             phase_stats[fieldname] = None
             continue
-        median, p90 = stats.merged_quantiles(sketches, (0.5, 0.9))
+        wanted = fieldname in schema.TIMED_FIELDS or fieldname in schema.GPU_FIELDS
+        quantiles = stats.merged_quantiles(sketches, sorted({0.5, 0.9, *(ps if wanted else ())}))
+        at = dict(zip(sorted({0.5, 0.9, *(ps if wanted else ())}), quantiles, strict=True))
+        median, p90 = at[0.5], at[0.9]
         low, high = extremes[fieldname]
         phase_stats[fieldname] = {
             "count": counts[fieldname],
@@ -452,9 +472,8 @@ def _overall(
             "p90": p90,
             "max": high,
         }
-        if fieldname in schema.TIMED_FIELDS or fieldname in schema.GPU_FIELDS:
-            quantiles = stats.merged_quantiles(sketches, ps)
-            distributions[fieldname] = [round(v, 6) for v in quantiles]
+        if wanted:
+            distributions[fieldname] = [round(at[p], 6) for p in ps]
     step_stats = phase_stats.get(schema.STEP)
     overall: dict[str, Any] = {
         schema.PHASE_STATS: phase_stats,

@@ -8,7 +8,6 @@ steps at a time.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 
@@ -48,12 +47,13 @@ def describe_sorted(values: Sequence[float]) -> dict[str, float | int]:
 
 
 def sketch_sorted(values: list[float]) -> Sketch:
-    """The points that stand for sorted ``values`` when ranks are merged."""
+    """The points that stand for sorted ``values`` when ranks are merged: all of them for a
+    small rank, else SKETCH_POINTS evenly spaced order statistics (nearest rank)."""
     n = len(values)
     if n <= SKETCH_POINTS:
         return values, 1.0
-    last = SKETCH_POINTS - 1
-    return [quantile_sorted(values, i / last) for i in range(SKETCH_POINTS)], n / SKETCH_POINTS
+    scale = (n - 1) / (SKETCH_POINTS - 1)
+    return [values[round(i * scale)] for i in range(SKETCH_POINTS)], n / SKETCH_POINTS
 
 
 def merged_quantiles(sketches: list[Sketch], ps: Sequence[float]) -> list[float]:
@@ -66,17 +66,17 @@ def merged_quantiles(sketches: list[Sketch], ps: Sequence[float]) -> list[float]
     sketches = [s for s in sketches if s[0]]
     if not sketches:
         return [math.nan for _ in ps]
-    if len(sketches) == 1 and sketches[0][1] == 1.0:
-        values = sketches[0][0]
-        return [quantile_sorted(values, p) for p in ps]
+    if all(weight == 1.0 for _values, weight in sketches):
+        pooled = sorted(v for values, _weight in sketches for v in values)
+        return [quantile_sorted(pooled, p) for p in ps]
+    points = sorted((v, w) for values, w in sketches for v in values)
     total = sum(len(values) * weight for values, weight in sketches)
-    stream = heapq.merge(*[((v, w) for v in values) for values, w in sketches])
     targets = [(total - 1.0) * p for p in ps]
     results: list[float] = []
     prev_value = prev_pos = None
     cumulative = 0.0
     index = 0
-    for value, weight in stream:
+    for value, weight in points:
         position = cumulative + (weight - 1.0) / 2.0
         cumulative += weight
         while index < len(targets) and targets[index] <= position:
