@@ -216,7 +216,7 @@ def _diagnosis_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _imbalance_ratio(summary: dict[str, Any]) -> float | None:
     fields = (summary.get(schema.SUMMARY_IMBALANCE) or {}).get(schema.IMBALANCE_FIELDS) or {}
     entry = fields.get(schema.OWN_MS) or fields.get(schema.STEP)
-    return entry.get("max_over_median") if entry else None
+    return entry.get("max_over_others") if entry else None
 
 
 def _memory(summary: dict[str, Any]) -> tuple[str, float | None]:
@@ -396,7 +396,7 @@ def render_comparison(result: dict[str, Any]) -> str:
             return "-" if value is None else f"{value:.2f}x"
 
         lines.append(
-            f"Rank imbalance (slowest rank / median rank): {ratio(imbalance['a'])} -> "
+            f"Rank imbalance (slowest rank / the others' median): {ratio(imbalance['a'])} -> "
             f"{ratio(imbalance['b'])}"
         )
     memory = result["memory"]

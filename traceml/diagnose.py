@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceml import schema
+from traceml import schema, stats
 from traceml.thresholds import resolve_thresholds
 
 INPUT_BOUND = "INPUT_BOUND"
@@ -282,18 +282,18 @@ def _straggler(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, A
     best = None
     for basis in (schema.OWN_MS, schema.STEP):
         entry = fields.get(basis)
-        if not entry or entry.get("max_over_median") is None:
+        if not entry or entry.get("max_over_others") is None:
             continue
-        if best is None or entry["max_over_median"] > best[1]["max_over_median"]:
+        if best is None or entry["max_over_others"] > best[1]["max_over_others"]:
             best = (basis, entry)
     if best is None:
         return None
     basis, entry = best
-    ratio = entry["max_over_median"]
+    ratio = entry["max_over_others"]
     slowest = entry["slowest_rank"]
-    median = entry["median_across_ranks_ms"]
+    reference = entry["median_of_others_ms"]
     slow_value = entry["rank_medians_ms"][str(slowest)]
-    if slow_value - median < limits["straggler_min_ms"]:
+    if slow_value - reference < limits["straggler_min_ms"]:
         return None
     severity = _level(ratio, limits["straggler_warn"], limits["straggler_critical"])
     if severity is None:
@@ -304,8 +304,12 @@ def _straggler(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, A
         if not phase_entry:
             continue
         value = phase_entry["rank_medians_ms"].get(str(slowest))
-        if value is not None:
-            excess[phase] = value - phase_entry["median_across_ranks_ms"]
+        if value is None:
+            continue
+        others = [
+            v for rank, v in phase_entry["rank_medians_ms"].items() if rank != str(slowest)
+        ]
+        excess[phase] = value - stats.quantile_sorted(sorted(others), 0.5) if others else 0.0
     cause = max(excess, key=lambda p: excess[p]) if excess else None
     if cause is not None and excess[cause] <= 0:
         cause = None
@@ -317,15 +321,15 @@ def _straggler(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, A
     return _verdict(
         STRAGGLER,
         severity,
-        f"Rank {slowest} is slow: {what} is {ratio:.2f}x the median rank's "
-        f"({slow_value:.1f} ms vs {median:.1f} ms){cause_text}.",
+        f"Rank {slowest} is slow: {what} is {ratio:.2f}x the other ranks' median "
+        f"({slow_value:.1f} ms vs {reference:.1f} ms){cause_text}.",
         f"The other ranks wait for rank {slowest} every step: {advice}.",
         ratio - 1.0,
         rank=slowest,
         ratio=ratio,
         basis=basis,
         rank_ms=slow_value,
-        median_rank_ms=median,
+        others_median_ms=reference,
         cause_phase=cause,
         excess_ms=excess,
     )

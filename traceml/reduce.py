@@ -504,13 +504,18 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         }
         if len(medians) < 2:
             continue
-        ordered = sorted(medians.values())
-        middle = stats.quantile_sorted(ordered, 0.5)
+        middle = stats.quantile_sorted(sorted(medians.values()), 0.5)
         slowest = max(medians, key=lambda rank: medians[rank])
+        # The slowest rank against the typical one of the *others* (with two ranks: the other).
+        others = stats.quantile_sorted(
+            sorted(v for rank, v in medians.items() if rank != slowest), 0.5
+        )
         fields[fieldname] = {
             "max_over_median": medians[slowest] / middle if middle > 0 else None,
+            "max_over_others": medians[slowest] / others if others > 0 else None,
             "slowest_rank": slowest,
             "median_across_ranks_ms": middle,
+            "median_of_others_ms": others,
             "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
         }
     own = fields.get(schema.OWN_MS) or fields.get(schema.STEP)

@@ -30,7 +30,7 @@ THRESHOLDS: dict[str, float] = {
     # Forward + Backward share at or above which the run is COMPUTE_BOUND (the healthy case).
     "compute_share": 0.60,
     # Slowest rank's own time (step minus Backward, which holds DDP's wait for the others)
-    # over the median rank's: STRAGGLER. Differences under straggler_min_ms are noise.
+    # over the other ranks' median: STRAGGLER. Differences under straggler_min_ms are noise.
     "straggler_warn": 1.20,
     "straggler_critical": 1.50,
     "straggler_min_ms": 1.0,

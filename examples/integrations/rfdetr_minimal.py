@@ -192,7 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if temp_root is not None:
             shutil.rmtree(temp_root, ignore_errors=True)
+        _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Left to interpreter shutdown, gloo's threads sometimes abort the process at exit."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def test_exact_figures_for_a_hand_made_two_rank_run(tmp_path):
     assert imbalance["step_ms"]["max_over_median"] == pytest.approx(70 / 60)
     assert imbalance["own_ms"]["slowest_rank"] == 1
     assert imbalance["own_ms"]["max_over_median"] == pytest.approx(50 / 40)
+    assert imbalance["own_ms"]["max_over_others"] == pytest.approx(50 / 30)
+    assert imbalance["own_ms"]["median_of_others_ms"] == pytest.approx(30)
     assert summary["imbalance"]["slowest_rank"] == 1
 
     distribution = summary["overall"]["distributions"]["step_ms"]

@@ -135,6 +135,10 @@ def main() -> int:
     trainer.fit(module, train, val if validate else None)
     if os.environ.get("TINY_VALIDATE_AFTER"):
         trainer.validate(module, val, verbose=False)
+    # Tear the process group down before exit: left to interpreter shutdown, gloo's threads
+    # sometimes abort the process ("terminate called without an active exception").
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     callbacks = [
         type(cb).__name__ for cb in trainer.callbacks if "StepCallback" in type(cb).__name__
     ]
