@@ -306,9 +306,7 @@ def _straggler(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, A
         value = phase_entry["rank_medians_ms"].get(str(slowest))
         if value is None:
             continue
-        others = [
-            v for rank, v in phase_entry["rank_medians_ms"].items() if rank != str(slowest)
-        ]
+        others = [v for rank, v in phase_entry["rank_medians_ms"].items() if rank != str(slowest)]
         excess[phase] = value - stats.quantile_sorted(sorted(others), 0.5) if others else 0.0
     cause = max(excess, key=lambda p: excess[p]) if excess else None
     if cause is not None and excess[cause] <= 0:

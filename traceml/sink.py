@@ -31,6 +31,9 @@ class RankSink:
         """Create the rank file; raise :class:`SinkError` with a user-facing reason."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SinkError(f"cannot create {self.path.parent}: {exc.strerror or exc}") from None
+        try:
             # O_EXCL: two processes claiming one rank file would interleave two runs.
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         except FileExistsError:

@@ -115,7 +115,8 @@ def test_sys_exit_code_passes_through(tmp_path, tiny):
     assert result.returncode == 3
 
 
-def test_sigterm_gives_a_partial_report_and_no_orphans(tmp_path, tiny):
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_gives_a_partial_report_and_no_orphans(tmp_path, tiny, sig, code):
     env = clean_env(TINY_BATCHES=1000, TINY_STEP_SLEEP_MS=20, TINY_VALIDATE=0, TINY_NUM_WORKERS=2)
     process = subprocess.Popen(
         traceml("run", str(tiny), "--logs-dir", str(tmp_path / "logs"), "--run-name", "term"),
@@ -132,10 +133,10 @@ def test_sigterm_gives_a_partial_report_and_no_orphans(tmp_path, tiny):
             break
         time.sleep(0.1)
     assert len(leftovers(tmp_path)) >= 3  # launcher, script, two DataLoader workers
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(sig)
     stdout, _stderr = process.communicate(timeout=120)
-    assert process.returncode == 143
-    assert "received SIGTERM" in stdout
+    assert process.returncode == code
+    assert f"received {sig.name}" in stdout
     summary = json.loads((tmp_path / "logs" / "term" / "final_summary.json").read_text())
     assert summary["steps_recorded"] >= 4
     assert summary["status"] in ("interrupted", "partial")

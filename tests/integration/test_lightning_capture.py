@@ -249,3 +249,20 @@ def test_init_twice_gives_one_callback_and_conflicts_are_errors(tmp_path):
     result = run([PYTHON, "-c", code], clean_env(TRACEML="1", TRACEML_RUN_NAME="launch"), tmp_path)
     assert "ERROR" not in result.stdout
     assert "traceml.init() ignored" in result.stderr
+
+
+def test_unsupported_setup_is_named_and_trains_natively(tmp_path):
+    result, run_dir = traced(tmp_path, TINY_BATCHES=5, TINY_MANUAL="1")
+    assert result.returncode == 0, result.stderr
+    assert tiny_result(result.stdout)["global_step"] == 5
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("traceml:")]
+    assert warnings == [
+        "traceml: not tracing: manual optimization (automatic_optimization=False) is not "
+        "supported; training runs natively"
+    ]
+    records = rank_records(run_dir)
+    assert steps_of(records) == []
+    assert records[-1]["status"] == "unsupported"
+    report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), tmp_path)
+    assert report.returncode == 0
+    assert "NOT-TRACED" in report.stdout and "manual optimization" in report.stdout

@@ -13,8 +13,10 @@ from traceml import schema
 from procs import (
     EXAMPLE,
     PYTHON,
+    ROOT,
     SCRIPTS,
     clean_env,
+    only_run_dir,
     rank_records,
     run,
     steps_of,
@@ -216,3 +218,19 @@ def test_demo_with_two_ranks(tmp_path):
 def _no_hub(monkeypatch):
     # Belt and braces: nothing here may reach a model hub.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_readme_demo_command(tmp_path):
+    """The README's main job, `bash scripts/demo.sh` (made smaller with --resolution 64)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = clean_env(TMPDIR=temp, TRACEML_DEMO_LOGS_DIR=tmp_path / "logs")
+    result = run(
+        ["bash", ROOT / "scripts" / "demo.sh", "--resolution", "64"], env, tmp_path, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Verdict:" in result.stdout
+    run_dir = only_run_dir(tmp_path / "logs")
+    assert json.loads((run_dir / "final_summary.json").read_text())["steps_recorded"] == 16
+    # The demo dataset and the checkpoints are removed (torch may leave its own caches).
+    assert sorted(temp.glob("rfdetr-demo-*")) + sorted(temp.glob("traceml-demo.*")) == []

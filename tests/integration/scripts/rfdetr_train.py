@@ -24,9 +24,10 @@ def main() -> int:
     dataset = example.make_demo_dataset(
         work / "dataset", seed=0, sizes={"train": images, "valid": 2, "test": 2}
     )
-    import loop_timer  # benchmarks only; a no-op unless LOOP_TIMER is set
+    if os.environ.get("LOOP_TIMER"):  # benchmarks/overhead.py only
+        import loop_timer
 
-    loop_timer.install("pytorch_lightning")
+        loop_timer.install("pytorch_lightning")
     from rfdetr import RFDETRNano
 
     model = RFDETRNano(pretrain_weights=None, num_queries=20, num_select=20, group_detr=1)

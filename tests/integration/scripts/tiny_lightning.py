@@ -23,11 +23,12 @@ def env_ms(name: str) -> float:
     return float(os.environ.get(name, "0")) / 1000.0
 
 
-import loop_timer  # noqa: E402 - benchmarks only; a no-op unless LOOP_TIMER is set
-
 PACKAGE = os.environ.get("TINY_PACKAGE", "lightning.pytorch")
 pl = importlib.import_module(PACKAGE)
-loop_timer.install(PACKAGE)
+if os.environ.get("LOOP_TIMER"):  # benchmarks/overhead.py only
+    import loop_timer
+
+    loop_timer.install(PACKAGE)
 
 BATCHES = env_int("TINY_BATCHES", 12)
 FETCH_SLEEP = env_ms("TINY_FETCH_SLEEP_MS")
@@ -75,6 +76,8 @@ class Module(pl.LightningModule):
         super().__init__()
         self.model = Net()
         self.seen = 0
+        if os.environ.get("TINY_MANUAL"):
+            self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):
         self.seen += 1
@@ -83,7 +86,13 @@ class Module(pl.LightningModule):
         if STEP_SLEEP:
             time.sleep(STEP_SLEEP)
         x, y = batch
-        return torch.nn.functional.mse_loss(self.model(x), y)
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        if not self.automatic_optimization:
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+        return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
