@@ -266,3 +266,61 @@ def test_unsupported_setup_is_named_and_trains_natively(tmp_path):
     report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), tmp_path)
     assert report.returncode == 0
     assert "NOT-TRACED" in report.stdout and "manual optimization" in report.stdout
+
+
+FAKE_CUDA = """
+import time
+import traceml.integrations.lightning as L
+from traceml.cuda_timing import CudaStepTimer
+
+class LaggingEvent:
+    # Completes 3 ms after it was recorded, like a device running behind the host.
+    def record(self):
+        self.t = time.perf_counter()
+    def query(self):
+        return time.perf_counter() - self.t > 0.003
+    def synchronize(self):
+        pass
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1000.0
+
+original_start = L.StepTimingMixin._start
+
+def start_with_fake_cuda(self, trainer, pl_module):
+    original_start(self, trainer, pl_module)
+    self.gpu = CudaStepTimer(
+        new_event=LaggingEvent,
+        reset_peak=lambda: None,
+        peak_allocated=lambda: 1000,
+        peak_reserved=lambda: 2000,
+    )
+
+L.StepTimingMixin._start = start_with_fake_cuda
+"""
+
+
+@pytest.mark.parametrize("max_steps", [None, 3])
+def test_cuda_event_path_with_a_lagging_fake_device(tmp_path, max_steps):
+    # CI has no GPU: the callback's CUDA path runs here against events that complete late.
+    hooks = tmp_path / "inject"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAKE_CUDA)
+    extra = {"TRACEML_TRACE_MAX_STEPS": max_steps} if max_steps else {}
+    result, run_dir = traced(tmp_path, TINY_BATCHES=10, PYTHONPATH=hooks, **extra)
+    assert result.returncode == 0, result.stderr
+    steps = steps_of(rank_records(run_dir))
+    assert len(steps) == (max_steps or 10)
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    for step in steps:
+        for fieldname in (
+            schema.GPU_H2D,
+            schema.GPU_FORWARD,
+            schema.GPU_BACKWARD,
+            schema.GPU_OPTIMIZER,
+            schema.GPU_STEP,
+        ):
+            assert step[fieldname] is not None and step[fieldname] >= 0
+        assert step[schema.GPU_STEP] >= step[schema.GPU_FORWARD] + step[schema.GPU_BACKWARD]
+        assert step[schema.MEM_PEAK_ALLOCATED] == 1000
+        assert step[schema.MEM_PEAK_RESERVED] == 2000
+        assert_adds_up(step)

@@ -557,13 +557,15 @@ class StepTimingMixin:
     def _write_step(self, record: dict[str, Any]) -> None:
         if self.state not in ("tracing", "done") or self.sink is None:
             return
+        limit = self.settings.trace_max_steps
+        if limit is not None and self.steps_written >= limit:
+            return  # steps still queued for their CUDA events when the limit was reached
         if not self.sink.write(record):
             self.state = "disabled"
             self.status = schema.STATUS_DISABLED
             self._remove_instruments()
             return
         self.steps_written += 1
-        limit = self.settings.trace_max_steps
         if limit is not None and self.steps_written >= limit and self.state == "tracing":
             self.state = "done"
             self._remove_instruments()
