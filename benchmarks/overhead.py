@@ -17,6 +17,7 @@ dilute the ratio. Targets: <= 1% on (a), <= 20 us added per step on (b).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -25,7 +26,11 @@ from _common import PYTHON, RFDETR, TINY, alternate, clean_env, describe, paired
 
 
 def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    result = run([PYTHON, script], env, cwd)
+    workdir = Path(env["RFD_WORKDIR"])
+    try:
+        result = run([PYTHON, script], env, cwd)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # a fresh dataset, no checkpoints kept
     timer = values(result.stdout, "LOOP_TIMER")
     return timer["seconds"], timer["batches"]
 
@@ -46,13 +51,19 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
         batches: list[float] = []
 
         def plain() -> float:
-            seconds, count = loop_seconds(script, plain_env, work)
+            counter["n"] += 1
+            env = dict(plain_env, RFD_WORKDIR=str(work / f"plain{counter['n']}"))
+            seconds, count = loop_seconds(script, env, work)
             batches.append(count)
             return seconds
 
         def traced() -> float:
             counter["n"] += 1
-            env = dict(traced_env, TRACEML_RUN_NAME=f"run{counter['n']}")
+            env = dict(
+                traced_env,
+                TRACEML_RUN_NAME=f"run{counter['n']}",
+                RFD_WORKDIR=str(work / f"traced{counter['n']}"),
+            )
             seconds, count = loop_seconds(script, env, work)
             batches.append(count)
             return seconds

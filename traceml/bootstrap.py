@@ -8,16 +8,20 @@ problem prints one line and leaves the program running untraced.
 
 from __future__ import annotations
 
+# Loaded at interpreter start in every TRACEML=1 process: only modules already loaded by then.
+import _thread
 import os
 import sys
-import threading
-from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
-from pathlib import PurePath
 
 from traceml import console
 from traceml import settings as settings_module
 from traceml.settings import Settings, SettingsError
+
+# typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping, Sequence
 
 # Module imported -> "module:function" run after it. Strings, so an integration's own module
 # loads only when its library does.
@@ -34,16 +38,16 @@ ROLE_HELPER = "helper"
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
-@dataclass
 class _State:
-    activated: bool = False
-    role: str | None = None
-    settings: Settings | None = None
-    source: str | None = None  # "env" (TRACEML=1) or "init" (traceml.init())
+    def __init__(self) -> None:
+        self.activated = False
+        self.role: str | None = None
+        self.settings: Settings | None = None
+        self.source: str | None = None  # "env" (TRACEML=1) or "init" (traceml.init())
 
 
 _state = _State()
-_lock = threading.RLock()
+_lock = _thread.RLock()
 
 
 def process_role(argv: Sequence[str]) -> str:
@@ -60,7 +64,7 @@ def process_role(argv: Sequence[str]) -> str:
     if kind == "code":
         child = "from multiprocessing." in target or "--multiprocessing-fork" in argv
         return ROLE_HELPER if child else ROLE_WORKER
-    if kind == "script" and PurePath(target).name in ("torchrun", "torchrun.exe"):
+    if kind == "script" and os.path.basename(target) in ("torchrun", "torchrun.exe"):
         return ROLE_AGENT
     return ROLE_WORKER
 

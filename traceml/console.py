@@ -6,12 +6,12 @@ not known yet), so a 64-rank job prints one line, not 64.
 
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
 
 PREFIX = "traceml: "
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _seen: set[str] = set()
 _rank: int | None = None
 

@@ -10,16 +10,20 @@ for the wrapping (it keeps signatures and introspection intact).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import _thread
 import sys
-import threading
-from collections.abc import Callable
-from types import ModuleType
 
-Hook = Callable[[ModuleType], None]
+# typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
+TYPE_CHECKING = False
 
-_lock = threading.RLock()
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+Hook = "Callable[[ModuleType], None]"
+
+_lock = _thread.RLock()
 _pending: dict[str, list[Hook]] = {}
 _finder: _PostImportFinder | None = None
 
@@ -59,7 +63,9 @@ def _fire(module: ModuleType) -> None:
             warn(f"an import hook for {name} failed ({type(exc).__name__}: {exc}); not tracing it")
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
+class _PostImportFinder:
+    """A meta path finder (the protocol is duck-typed; importlib.abc costs ~8 ms to import)."""
+
     def __init__(self) -> None:
         self._resolving: set[str] = set()
 
@@ -83,11 +89,11 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _ChainedLoader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+class _ChainedLoader:
+    def __init__(self, loader: Loader) -> None:
         self._loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:

@@ -22,7 +22,6 @@ boundary is only honoured while a training microbatch is open.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import socket
 import sys
@@ -712,7 +711,7 @@ def adopt_rank_zero_run_name(settings: Settings) -> Settings:
         names = [settings.run_name]
         dist.broadcast_object_list(names, src=0)
         if isinstance(names[0], str) and names[0] != settings.run_name:
-            return dataclasses.replace(settings, run_name=names[0])
+            return settings.replace(run_name=names[0])
     except Exception as exc:
         console.warn(f"could not agree on a run name across ranks ({exc}); using this rank's")
     return settings

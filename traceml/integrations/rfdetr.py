@@ -9,7 +9,6 @@ unless it is an evaluation-only trainer (``include_training_callbacks=False``).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -159,4 +158,4 @@ def init(
         raise TraceMLConfigError(str(exc)) from None
     if "run_name" in requested:
         requested["run_name_explicit"] = True
-    bootstrap.activate_manually(dataclasses.replace(settings, **requested))
+    bootstrap.activate_manually(settings.replace(**requested))
