@@ -22,13 +22,15 @@ import orjson
 from _common import PYTHON, ROOT, clean_env, values
 
 CHILD = """
-import resource, sys, time
+import sys, time
 sys.path.insert(0, {root!r})
 from traceml.finalize import summarise
 start = time.perf_counter()
 summary, _text = summarise(__import__('pathlib').Path({run_dir!r}))
 elapsed = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: after fork+exec Linux carries the parent's peak into ru_maxrss.
+status = open("/proc/self/status").read()
+peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
 print(f"REDUCE seconds={{elapsed}} records={{summary['steps_recorded']}} peak_rss={{peak}}")
 """
 

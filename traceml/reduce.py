@@ -105,6 +105,17 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
     total = len(lines)
     for start in range(0, total, _CHUNK_LINES):
         parsed = _parse_lines(lines[start : start + _CHUNK_LINES])
+        # Nearly every line is a well-formed step: take those in one pass, look at the rest.
+        steps = [
+            record
+            for record in parsed
+            if record is not None
+            and record.get(schema.KIND) == schema.KIND_STEP
+            and record.get(schema.STEP) is not None
+        ]
+        if len(steps) == len(parsed):
+            _append_columns(columns, steps)
+            continue
         steps = []
         for index, record in enumerate(parsed):
             if record is None:
@@ -186,13 +197,15 @@ def _max_or_none(values: list[Any]) -> int | float | None:
 def _timeline(columns: dict[str, list[Any]], warmup: int) -> dict[str, Any]:
     count = len(columns[schema.STEP])
     per_bin = max(1, math.ceil(count / TIMELINE_BINS))
-    bins = []
-    for start in range(0, count, per_bin):
-        entry: dict[str, Any] = {}
-        for fieldname in schema.TIMED_FIELDS:
-            values = _present(columns[fieldname][start : start + per_bin])
-            entry[fieldname] = math.fsum(values) / len(values) if values else None
-        bins.append(entry)
+    bins: list[dict[str, Any]] = [{} for _ in range(0, count, per_bin)]
+    for fieldname in schema.TIMED_FIELDS:
+        column = columns[fieldname]
+        complete = None not in column  # the usual case: plain sums over slices, no filtering
+        for index, start in enumerate(range(0, count, per_bin)):
+            values = column[start : start + per_bin]
+            if not complete:
+                values = _present(values)
+            bins[index][fieldname] = sum(values) / len(values) if values else None
     return {"steps_per_bin": per_bin, "warmup_steps": warmup, "bins": bins}
 
 
