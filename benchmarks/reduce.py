@@ -12,6 +12,7 @@ about the same for 8 x 100k as for 1 x 100k (bounded by the largest rank, not th
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import subprocess
@@ -26,7 +27,7 @@ import sys, time
 sys.path.insert(0, {root!r})
 from traceml.finalize import summarise
 start = time.perf_counter()
-summary, _text = summarise(__import__('pathlib').Path({run_dir!r}))
+summary, _text = summarise(__import__('pathlib').Path({run_dir!r}), jobs={jobs})
 elapsed = time.perf_counter() - start
 # VmHWM, not ru_maxrss: after fork+exec Linux carries the parent's peak into ru_maxrss.
 status = open("/proc/self/status").read()
@@ -98,8 +99,8 @@ def synthesize(run_dir: Path, ranks: int, steps: int, seed: int = 0) -> None:
         path.write_bytes(b"\n".join(lines) + b"\n")
 
 
-def measure(run_dir: Path) -> dict[str, float]:
-    code = CHILD.format(root=str(ROOT), run_dir=str(run_dir))
+def measure(run_dir: Path, jobs: int = 1) -> dict[str, float]:
+    code = CHILD.format(root=str(ROOT), run_dir=str(run_dir), jobs=jobs)
     result = subprocess.run(
         [PYTHON, "-c", code], env=clean_env(), capture_output=True, text=True, check=True
     )
@@ -110,10 +111,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the step counts")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)"
+    )
     args = parser.parse_args()
     cases = [(1, 100_000), (8, 100_000), (64, 10_000)]
     rates = {}
     peaks = {}
+    parallel_rates = {}
     with tempfile.TemporaryDirectory(prefix="traceml-reduce-") as tmp:
         for ranks, steps in cases:
             steps = max(10, int(steps * args.scale))
@@ -134,9 +139,23 @@ def main() -> None:
                 f"{max(seconds):.2f}) = {rate / 1e6:.2f} M records/s; peak RSS {peak:.0f} MiB",
                 flush=True,
             )
-    parts = [
-        f"{r}x{s}: {rates[(r, s)] / 1e6:.2f} M rec/s, {peaks[(r, s)]:.0f} MiB" for (r, s) in rates
-    ]
+            if ranks > 1 and args.jobs > 1:
+                parallel = [measure(run_dir, args.jobs) for _ in range(args.repeats)]
+                p_seconds = statistics.median(r["seconds"] for r in parallel)
+                p_rate = records / p_seconds
+                parallel_rates[(ranks, steps)] = p_rate
+                print(
+                    f"  with --jobs {args.jobs}: median {p_seconds:.2f} s = "
+                    f"{p_rate / 1e6:.2f} M records/s; peak RSS (parent) "
+                    f"{max(r['peak_rss'] for r in parallel) / 2**20:.0f} MiB",
+                    flush=True,
+                )
+    parts = []
+    for key, rate in rates.items():
+        text = f"{key[0]}x{key[1]}: {rate / 1e6:.2f} M rec/s, {peaks[key]:.0f} MiB"
+        if key in parallel_rates:
+            text += f" ({parallel_rates[key] / 1e6:.2f} M rec/s with {args.jobs} jobs)"
+        parts.append(text)
     print("SUMMARY reduce: " + "; ".join(parts) + " (target >= 1 M rec/s, RSS ~ one rank)")
 
 

@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", help="a run directory (logs/<run-name>)")
     report.add_argument("--json", action="store_true", help="print the summary JSON instead")
     report.add_argument("--html", action="store_true", help="also write report.html")
+    report.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="reduce N rank files at once in worker processes (memory: N ranks' steps)",
+    )
     _add_threshold_option(report)
 
     compare = commands.add_parser(
@@ -165,7 +172,9 @@ def _report(args: argparse.Namespace) -> int:
     thresholds = _threshold_overrides(args.threshold)
     run_dir = Path(args.run_dir)
     try:
-        summary, text = summarise(run_dir, thresholds=thresholds, html=args.html)
+        summary, text = summarise(
+            run_dir, thresholds=thresholds, html=args.html, jobs=max(1, args.jobs)
+        )
     except ReduceError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:

@@ -34,9 +34,10 @@ def summarise(
     notes: list[str] | None = None,
     html: bool = False,
     write: bool = True,
+    jobs: int = 1,
 ) -> tuple[dict[str, Any], str]:
     """Reduce + diagnose ``run_dir``; write final_summary.json/.txt (and report.html)."""
-    summary = reduce_run(run_dir, thresholds=thresholds)
+    summary = reduce_run(run_dir, thresholds=thresholds, jobs=jobs)
     if notes:
         summary[schema.SUMMARY_NOTES] = list(notes) + summary[schema.SUMMARY_NOTES]
     summary[schema.SUMMARY_VERDICTS] = diagnose(summary)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -276,9 +277,11 @@ def shares_from_sums(sums: dict[str, float]) -> dict[str, float | None]:
 # Notes about what a rank file says or lacks
 
 
-def rank_notes(data: RankRecords, trace_max_steps_note: list[str]) -> list[str]:
+def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
+    """Sentences about one rank file's gaps and events, and its trace-max-steps message."""
     rank = data.rank
     notes: list[str] = []
+    max_steps_message: str | None = None
     if data.header is None:
         if data.step_count == 0 and not data.events and data.footer is None:
             notes.append(f"rank {rank}: its file is empty (the process ended before training)")
@@ -302,8 +305,7 @@ def rank_notes(data: RankRecords, trace_max_steps_note: list[str]) -> list[str]:
                 f"steps: {message}"
             )
         elif code == schema.EVENT_MAX_STEPS:
-            if not trace_max_steps_note:
-                trace_max_steps_note.append(message)
+            max_steps_message = message
         elif code in (schema.EVENT_VERSION, schema.EVENT_NOTE) and message:
             notes.append(f"rank {rank}: {message}")
     footer = data.footer
@@ -325,7 +327,37 @@ def rank_notes(data: RankRecords, trace_max_steps_note: list[str]) -> list[str]:
                 f"rank {rank}: training was interrupted after {data.step_count} steps"
                 + (f" ({error})" if error else "")
             )
-    return notes
+    return notes, max_steps_message
+
+
+def summarise_rank(path: Path, rank: int, warmup: int) -> dict[str, Any]:
+    """Everything the run summary needs from one rank file (small and picklable: the rank's
+    steps are dropped once reduced, so a worker process can do this too)."""
+    data = read_rank_file(path, rank)
+    notes, max_steps_message = rank_notes(data)
+    entry, sketches = reduce_rank(data, warmup)
+    return {
+        "entry": entry,
+        "sketches": sketches,
+        "notes": notes,
+        "max_steps_message": max_steps_message,
+        "status": (data.footer or {}).get(schema.STATUS),
+        "header": data.header,
+    }
+
+
+def _summarise_ranks(files: dict[int, Path], warmup: int, jobs: int) -> Iterator[dict[str, Any]]:
+    if jobs <= 1 or len(files) <= 1:
+        for rank, path in files.items():
+            yield summarise_rank(path, rank, warmup)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Each worker holds one rank's steps at a time: memory grows with jobs, not with ranks.
+    with ProcessPoolExecutor(max_workers=min(jobs, len(files))) as pool:
+        yield from pool.map(
+            summarise_rank, list(files.values()), list(files), [warmup] * len(files)
+        )
 
 
 def _dedupe_rank_notes(notes: list[str], ranks: int) -> list[str]:
@@ -357,8 +389,13 @@ def reduce_run(
     *,
     thresholds: dict[str, float] | None = None,
     now: datetime | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Summarise a run directory. Raises :class:`ReduceError` only when nothing can be said."""
+    """Summarise a run directory. Raises :class:`ReduceError` only when nothing can be said.
+
+    ``jobs`` > 1 reduces that many rank files at once in worker processes (faster on many
+    cores; memory then holds up to ``jobs`` ranks' steps instead of one).
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReduceError(f"{run_dir} is not a directory")
@@ -379,13 +416,15 @@ def reduce_run(
     statuses: dict[int, str | None] = {}
     approximate = False
 
-    for rank, path in files.items():
-        data = read_rank_file(path, rank)
-        notes.extend(rank_notes(data, max_steps_note))
-        statuses[rank] = (data.footer or {}).get(schema.STATUS)
-        if data.header is not None:
-            headers[rank] = data.header
-        entry, sketches = reduce_rank(data, warmup)
+    for part in _summarise_ranks(files, warmup, jobs):
+        entry, sketches = part["entry"], part["sketches"]
+        rank = entry[schema.RANK]
+        notes.extend(part["notes"])
+        if part["max_steps_message"] and not max_steps_note:
+            max_steps_note.append(part["max_steps_message"])
+        statuses[rank] = part["status"]
+        if part["header"] is not None:
+            headers[rank] = part["header"]
         rank_entries.append(entry)
         for fieldname, sketch in sketches.items():
             approximate = approximate or sketch[1] != 1.0
@@ -395,7 +434,6 @@ def reduce_run(
             merged_counts[fieldname] = merged_counts.get(fieldname, 0) + described["count"]
             low, high = merged_extremes.get(fieldname, (math.inf, -math.inf))
             merged_extremes[fieldname] = (min(low, described["min"]), max(high, described["max"]))
-        del data
 
     world_size = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
     world_size = max(world_size, max(files) + 1)

@@ -223,3 +223,11 @@ def fixture_dir():
     from pathlib import Path
 
     return Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def test_parallel_reduction_gives_the_same_summary(tmp_path):
+    from datetime import datetime, timezone
+
+    synthetic_run(tmp_path, ranks=3, steps=50, seed=5, input=10, forward=20, backward=30)
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert reduce_run(tmp_path, now=now, jobs=2) == reduce_run(tmp_path, now=now, jobs=1)
