@@ -35,9 +35,16 @@ def summarise(
     html: bool = False,
     write: bool = True,
     jobs: int = 1,
+    status: str | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """Reduce + diagnose ``run_dir``; write final_summary.json/.txt (and report.html)."""
+    """Reduce + diagnose ``run_dir``; write final_summary.json/.txt (and report.html).
+
+    ``status`` overrides the run status the rank files suggest, for a caller that knows better
+    (the launcher that stopped the run with a signal).
+    """
     summary = reduce_run(run_dir, thresholds=thresholds, jobs=jobs)
+    if status is not None:
+        summary[schema.SUMMARY_STATUS] = status
     if notes:
         summary[schema.SUMMARY_NOTES] = list(notes) + summary[schema.SUMMARY_NOTES]
     summary[schema.SUMMARY_VERDICTS] = diagnose(summary)

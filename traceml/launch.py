@@ -224,8 +224,14 @@ def _report(
             "this report covers the steps recorded before that"
         )
     try:
+        # A signal from outside stopped the run, whatever error the ranks died of (DataLoader
+        # workers killed by the same signal often surface as a RuntimeError first).
         summary, text = summarise(
-            run_dir, thresholds=settings.thresholds, notes=notes, html=settings.html
+            run_dir,
+            thresholds=settings.thresholds,
+            notes=notes,
+            html=settings.html,
+            status="interrupted" if received is not None else None,
         )
     except ReduceError:
         print(
