@@ -137,11 +137,6 @@ class DistributedEnv:
         self.elastic_run_id = elastic_run_id
 
 
-def tracing_requested(environ: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get(ENV_ENABLE, "").strip().lower() not in _OFF_VALUES
-
-
 def is_valid_run_name(name: str) -> bool:
     """Letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128."""
     return (

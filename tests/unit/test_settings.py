@@ -110,14 +110,6 @@ def test_mark_launch_does_not_override_a_chosen_name():
     assert env["TRACEML_LAUNCH_STAMP"]
 
 
-def test_tracing_requested():
-    assert not s.tracing_requested({})
-    for off in ("", "0", "false", "OFF", " no "):
-        assert not s.tracing_requested({"TRACEML": off})
-    for on in ("1", "true", "yes"):
-        assert s.tracing_requested({"TRACEML": on})
-
-
 def test_distributed_env():
     env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1"}
     d = s.distributed_env(env)
