@@ -234,3 +234,50 @@ def test_readme_demo_command(tmp_path):
     assert json.loads((run_dir / "final_summary.json").read_text())["steps_recorded"] == 16
     # The demo dataset and the checkpoints are removed (torch may leave its own caches).
     assert sorted(temp.glob("rfdetr-demo-*")) + sorted(temp.glob("traceml-demo.*")) == []
+
+
+@pytest.fixture(scope="module")
+def rfdetr_1_11_2():
+    """rfdetr 1.11.2 laid over the suite's 1.10.1 with PYTHONPATH (kept in the venv for reuse:
+    a second venv would copy torch's 5 GB)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    overlay = Path(sys.prefix) / "rfdetr-1.11.2-overlay"
+    if not (overlay / "rfdetr-1.11.2.dist-info").is_dir():
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--target",
+                str(overlay),
+                "rfdetr==1.11.2",
+                "vernier",  # new in 1.11 (with pyarrow); the rest is shared with 1.10.1
+                "pyarrow",
+                "--no-deps",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+    return overlay
+
+
+def test_rfdetr_1_11_2_is_traced_the_same_way(tmp_path, rfdetr_1_11_2):
+    result = traced_rfdetr(tmp_path, PYTHONPATH=rfdetr_1_11_2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RFD_DONE evaluated=True" in result.stdout
+    assert "traceml:" not in result.stderr  # a tested version: no warning
+    records = rank_records(tmp_path / "logs" / "r")
+    assert records[0]["versions"]["rfdetr"] == "1.11.2"
+    steps = steps_of(records)
+    assert [s["global_step"] for s in steps] == list(range(1, 9))
+    assert records[-1]["status"] == "completed"
+    for step in steps:
+        assert abs(sum(step[p] for p in schema.PHASES) - step[schema.STEP]) < 0.001
+        assert step[schema.FORWARD] > 0 and step[schema.BACKWARD] > 0

@@ -16,7 +16,7 @@ from typing import Any
 from traceml import bootstrap, console, schema
 from traceml.settings import SettingsError, is_valid_run_name, load_settings
 
-TESTED_VERSIONS = ("1.10.1",)
+TESTED_VERSIONS = ("1.10.1", "1.11.2")  # both run by tests/integration/test_rfdetr.py
 _WRAPPED_MARK = "_traceml_build_trainer"
 
 
