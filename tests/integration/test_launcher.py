@@ -207,17 +207,21 @@ def test_two_nodes_simulated_on_one_machine(tmp_path, tiny):
         "--logs-dir",
         str(tmp_path / "logs"),
     ]
-    nodes = [
-        subprocess.Popen(
-            traceml("run", *common, "--node-rank", str(rank), str(tiny)),
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    nodes = []
+    for rank in (0, 1):
+        nodes.append(
+            subprocess.Popen(
+                traceml("run", *common, "--node-rank", str(rank), str(tiny)),
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
-        for rank in (0, 1)
-    ]
+        # Node 1 starts later: its own default run name differs (another second), so the
+        # ranks must agree on rank 0's.
+        time.sleep(1.5)
     outputs = [node.communicate(timeout=300) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], (
         outputs[0][1][-6000:] + outputs[1][1][-3000:]

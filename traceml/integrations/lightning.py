@@ -389,7 +389,7 @@ class StepTimingMixin:
         }
         console.set_rank(rank)
         if not self.settings.run_name_explicit and self.rank_info[schema.WORLD_SIZE] > 1:
-            self.settings = adopt_rank_zero_run_name(self.settings)
+            self.settings = adopt_rank_zero_run_name(self.settings, rank)
         reason = self.unsupported_reason or unsupported_configuration(trainer, pl_module)
         run_dir = self.settings.run_dir
         self.sink = RankSink(run_dir / schema.RANKS_DIR / schema.rank_file_name(rank))
@@ -700,20 +700,40 @@ def unsupported_configuration(trainer: Any, pl_module: Any) -> str | None:
     return None
 
 
-def adopt_rank_zero_run_name(settings: Settings) -> Settings:
+RUN_NAME_KEY = "traceml/run_name"
+RUN_NAME_WAIT_S = 60.0
+
+
+def adopt_rank_zero_run_name(settings: Settings, rank: int) -> Settings:
     """Ranks that derived their run name (no TRACEML_RUN_NAME chosen) take global rank 0's,
-    so one job always writes one run directory even when the ranks started seconds apart."""
+    so one job always writes one run directory even when the ranks started seconds apart.
+
+    Through the process group's key-value store, not a collective: rank 0 never waits, and a
+    rank whose rank 0 is not traced (different environments on different nodes) waits at most
+    RUN_NAME_WAIT_S once and keeps its own name, instead of hanging the job.
+    """
     try:
+        from datetime import timedelta
+
         import torch.distributed as dist
+        from torch.distributed import distributed_c10d
 
         if not (dist.is_available() and dist.is_initialized()):
             return settings
-        names = [settings.run_name]
-        dist.broadcast_object_list(names, src=0)
-        if isinstance(names[0], str) and names[0] != settings.run_name:
-            return settings.replace(run_name=names[0])
+        store = distributed_c10d._get_default_store()
+        if rank == 0:
+            store.set(RUN_NAME_KEY, settings.run_name)
+            return settings
+        store.wait([RUN_NAME_KEY], timedelta(seconds=RUN_NAME_WAIT_S))
+        name = store.get(RUN_NAME_KEY).decode()
+        if name != settings.run_name:
+            return settings.replace(run_name=name)
     except Exception as exc:
-        console.warn(f"could not agree on a run name across ranks ({exc}); using this rank's")
+        console.warn(
+            f"could not agree on a run name with rank 0 ({type(exc).__name__}); "
+            f"this rank writes to {settings.run_name}",
+            all_ranks=True,
+        )
     return settings
 
 
