@@ -324,11 +324,9 @@ class StepTimingMixin:
         if self.state == "tracing" and self.clock.in_microbatch:
             now = clock_ns()
             try:
-                record = self.clock.batch_ended(
-                    now, global_step=trainer.global_step, epoch=trainer.current_epoch
-                )
+                record = self.clock.batch_ended(now, **_step_context(trainer))
                 if record is not None:
-                    self._emit(record)
+                    self._emit(record, now)
             except Exception as exc:
                 self._disable(f"on_train_batch_end failed ({type(exc).__name__}: {exc})")
 
@@ -533,18 +531,17 @@ class StepTimingMixin:
             self._disable(f"DataLoader timing failed ({type(exc).__name__}: {exc})")
 
     def _epoch_end(self, trainer: Any) -> None:
-        record = self.clock.epoch_ended(clock_ns(), **_step_context(trainer))
+        now = clock_ns()
+        record = self.clock.epoch_ended(now, **_step_context(trainer))
         if record is not None:
-            self._emit(record)
+            self._emit(record, now)
 
-    def _emit(self, record: dict[str, Any]) -> None:
+    def _emit(self, record: dict[str, Any], now: int) -> None:
         # Reading RSS costs ~7 us in a busy loop (a procfs read): every step of a normal
         # training, but at most every RSS_EVERY_NS on millisecond-scale steps (null between).
-        if self._rss is not None:
-            now = clock_ns()
-            if now - self._rss_at >= RSS_EVERY_NS:
-                self._rss_at = now
-                record[schema.RSS] = self._rss()
+        if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
+            self._rss_at = now
+            record[schema.RSS] = self._rss()
         if self.gpu is not None:
             self.gpu.step_ended(record)
             ready = list(self.gpu.ready())
