@@ -29,6 +29,7 @@ from traceml.settings import (
     sanitize_run_name,
     settings_to_env,
 )
+from traceml.versions import package_versions
 
 KILL_GRACE_S = 30.0
 # On one node the whole process group has exited: every rank file is final already.
@@ -41,20 +42,6 @@ class LaunchError(Exception):
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    from traceml import __version__
-
-    found: dict[str, str | None] = {"python": sys.version.split()[0], "traceml": __version__}
-    for name in ("torch", "pytorch_lightning", "lightning", "rfdetr"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def build_child_command(args: argparse.Namespace, python: str = sys.executable) -> list[str]:
@@ -147,7 +134,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
         "ended_at": None,
         "exit_code": None,
         "signal": None,
-        "versions": _versions(),
+        "versions": package_versions(),
         "topology": {
             "nnodes": args.nnodes,
             "nproc_per_node": args.nproc_per_node,

@@ -35,6 +35,7 @@ from typing import Any
 from traceml import capture, console, schema
 from traceml.settings import Settings
 from traceml.sink import RankSink, SinkError
+from traceml.versions import package_versions
 
 clock_ns = time.perf_counter_ns
 RSS_EVERY_NS = 10_000_000
@@ -762,27 +763,6 @@ def _step_context(trainer: Any) -> dict[str, Any]:
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def package_versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    from traceml import __version__
-
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "python": sys.version.split()[0],
-        "torch": version("torch"),
-        "pytorch_lightning": version("pytorch_lightning"),
-        "lightning": version("lightning"),
-        "rfdetr": version("rfdetr"),
-        "traceml": __version__,
-    }
 
 
 def describe_device(pl_module: Any) -> dict[str, Any]:
