@@ -337,6 +337,10 @@ def _fmt_pct(value: float | None, signed: bool = True) -> str:
     return f"{value:+.1f}%" if signed else f"{value:.1f}%"
 
 
+def _fmt_interval(interval: list[float]) -> str:
+    return f"{interval[0]:+.1f}% .. {interval[1]:+.1f}%"
+
+
 def render_comparison(result: dict[str, Any]) -> str:
     a, b = result["a"], result["b"]
     lines = [
@@ -352,7 +356,7 @@ def render_comparison(result: dict[str, Any]) -> str:
             lines.append(f"  - {reason}")
     else:
         ci = step.get("ci95_change_pct")
-        ci_text = f", 95% CI {ci[0]:+.1f}% .. {ci[1]:+.1f}%" if ci else ""
+        ci_text = f", 95% CI {_fmt_interval(ci)}" if ci else ""
         lines.append(
             f"Verdict: {verdict}: step time {_fmt_pct(step.get('change_pct'))} "
             f"({_fmt_ms(step.get('a_median_ms'))} ms -> {_fmt_ms(step.get('b_median_ms'))} ms "
@@ -382,7 +386,7 @@ def render_comparison(result: dict[str, Any]) -> str:
     for fieldname in schema.TIMED_FIELDS:
         entry = result["fields"][fieldname]
         ci = entry.get("ci95_change_pct")
-        ci_text = f"{ci[0]:+.1f}% .. {ci[1]:+.1f}%" if ci else "-"
+        ci_text = _fmt_interval(ci) if ci else "-"
         lines.append(
             f"  {entry['label']:<12}{_fmt_ms(entry.get('a_median_ms')):>10}"
             f"{_fmt_ms(entry.get('b_median_ms')):>10}{_fmt_ms(entry.get('delta_ms')):>10}"
