@@ -1,4 +1,4 @@
-"""Command line: ``traceml run``, ``traceml report``, ``traceml compare``.
+"""Command line: ``traceml run``, ``traceml report``, ``traceml watch``, ``traceml compare``.
 
 Argument parsing only; the work is in launch / finalize / compare. Errors a user can fix are
 one line on stderr and exit code 2, never a traceback.
@@ -77,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="do not print the final report")
     run.add_argument("--html", action="store_true", help="also write report.html")
     run.add_argument(
+        "--no-live", action="store_true", help="no live view on stderr while the script runs"
+    )
+    run.add_argument(
+        "--live-interval",
+        type=float,
+        metavar="SECONDS",
+        help="when stderr is not a terminal: one live line every SECONDS "
+        "(30; env TRACEML_LIVE_INTERVAL_S)",
+    )
+    run.add_argument(
         "--report-wait",
         type=float,
         default=30.0,
@@ -105,6 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="reduce N rank files at once in worker processes (memory: N ranks' steps)",
     )
     _add_threshold_option(report)
+
+    watch = commands.add_parser(
+        "watch",
+        help="follow a run in progress (any launch) until its ranks finish",
+        description="Show a run's live view from another terminal: steps, step time, phase "
+        "shares, slowest rank and a provisional verdict, until every rank's file is closed "
+        "(or Ctrl-C). On a finished run, print its final state.",
+    )
+    watch.add_argument("run_dir", help="a run directory (logs/<run-name>)")
+    watch.add_argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="when stdout is not a terminal: one line every SECONDS "
+        "(30; env TRACEML_LIVE_INTERVAL_S)",
+    )
+    watch.add_argument(
+        "--html", metavar="FILE", help="keep FILE, a self-refreshing report.html, up to date"
+    )
+    _add_threshold_option(watch)
 
     compare = commands.add_parser(
         "compare", help="compare two runs' final_summary.json (for people and for CI)"
@@ -143,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args, thresholds=_threshold_overrides(args.threshold))
         if args.command == "report":
             return _report(args)
+        if args.command == "watch":
+            return _watch(args)
         if args.command == "compare":
             from traceml.compare import compare_command
 
@@ -185,4 +217,26 @@ def _report(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         sys.stdout.write(text)
+    if args.html:
+        from traceml import schema
+        from traceml.live import display_path
+
+        sys.stdout.flush()
+        print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from traceml.live import LiveError, watch
+
+    if args.interval is not None and not args.interval > 0:
+        raise UsageError("--interval must be a positive number of seconds")
+    try:
+        return watch(
+            Path(args.run_dir),
+            thresholds=_threshold_overrides(args.threshold),
+            interval_s=args.interval,
+            html=Path(args.html) if args.html else None,
+        )
+    except LiveError as exc:
+        raise UsageError(str(exc)) from None

@@ -106,6 +106,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
 
     try:
         validate(args)
+        live_interval_s, live_collect_s = live_timing(args)
         settings = make_settings(args, thresholds)
         run_dir = settings.run_dir
         is_node_zero = args.node_rank == 0
@@ -147,7 +148,12 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     if is_node_zero:
         _write_manifest(run_dir, manifest)
 
-    returncode, received = run_child(command, env)
+    monitor = start_live_view(args, settings, interval_s=live_interval_s, collect_s=live_collect_s)
+    try:
+        returncode, received = run_child(command, env)
+    finally:
+        if monitor is not None:
+            monitor.stop()  # before anything else is printed: the panel gives its rows back
     exit_code = exit_code_for(returncode, received)
 
     manifest.update(
@@ -165,6 +171,51 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     _write_manifest(run_dir, manifest)
     exit_code = _report(args, settings, returncode, received, exit_code)
     return exit_code
+
+
+def live_timing(args: argparse.Namespace) -> tuple[float, float]:
+    """The live view's line interval (--live-interval, else the env var, else 30 s) and the
+    least training time before its first provisional verdict."""
+    from traceml import live
+
+    try:
+        interval = args.live_interval or live.interval_from_env() or live.DEFAULT_INTERVAL_S
+        collect = live.collect_from_env()
+    except live.LiveError as exc:
+        raise LaunchError(str(exc)) from None
+    if interval <= 0 or interval != interval:
+        raise LaunchError("--live-interval must be a positive number of seconds")
+    return interval, live.DEFAULT_COLLECT_S if collect is None else collect
+
+
+def start_live_view(
+    args: argparse.Namespace, settings: Settings, *, interval_s: float, collect_s: float
+) -> Any:
+    """Say where the run goes; start the live view (a thread of this process, reading the rank
+    files: the training processes do nothing for it). Returns the monitor, or None."""
+    from traceml import live
+
+    world_size = args.nnodes * args.nproc_per_node
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    mode = "off" if args.no_live or fd is None else live.terminal_mode(fd)
+    print(live.start_line(settings.run_dir, world_size, mode, interval_s), file=sys.stderr)
+    sys.stderr.flush()
+    if mode == "off" or fd is None:
+        return None
+    monitor = live.LiveMonitor(
+        settings.run_dir,
+        mode=mode,
+        fd=fd,
+        world_size=world_size,
+        thresholds=settings.thresholds,
+        interval_s=interval_s,
+        collect_s=collect_s,
+    )
+    monitor.start()
+    return monitor
 
 
 def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
@@ -234,6 +285,10 @@ def _report(
     if settings.report:
         sys.stderr.flush()
         print("\n" + text, end="", flush=True)
+    if settings.html:
+        from traceml.live import display_path
+
+        print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
     if received is None and exit_code != 0 and _was_keyboard_interrupt(summary):
         return 130
     return exit_code
