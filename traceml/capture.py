@@ -27,7 +27,9 @@ DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
     **{fieldname: None for fieldname in schema.GPU_FIELDS},
     schema.MEM_PEAK_ALLOCATED: None,
     schema.MEM_PEAK_RESERVED: None,
+    **{fieldname: None for fieldname in schema.GPU_COMM_FIELDS},
 }
+COMM_FIELDS_UNMEASURED: dict[str, None] = {fieldname: None for fieldname in schema.COMM_FIELDS}
 
 
 def ns_to_ms(value: int | None) -> float | None:
@@ -45,6 +47,10 @@ class _Group:
     forward_ns: int | None = None
     backward_ns: int | None = None
     optimizer_ns: int | None = None
+    # Waits on other ranks, by the phase they fell in (see StepClock.collective).
+    comm_ns: dict[str, int] | None = None
+    comm_count: int = 0
+    comm_bytes: int = 0
 
 
 @dataclass
@@ -52,6 +58,8 @@ class _Microbatch:
     forward_depth: int = 0
     forward_start_ns: int = 0
     backward_start_ns: int | None = None
+    backward_open: bool = False
+    in_h2d: bool = False
     optimizer_start_ns: int | None = None
 
 
@@ -64,6 +72,9 @@ class StepClock:
     _last_end_ns: int | None = None
     steps_emitted: int = 0
     overlaps: int = 0
+    # True in a distributed run whose collectives are timed: comm fields are then numbers
+    # (0 when a step had no collective), otherwise null (unmeasured).
+    comm_enabled: bool = False
 
     # -- boundaries, in the order Lightning reaches them ---------------------------------
 
@@ -92,10 +103,15 @@ class StepClock:
         self._group.input_ns += input_ns
         self._micro = _Microbatch()
 
+    def transfer_started(self) -> None:
+        if self._micro is not None:
+            self._micro.in_h2d = True
+
     def transferred(self, start_ns: int, end_ns: int) -> None:
         """The strategy moved the batch to the device (H2D)."""
         if self._group is None or self._micro is None:
             return
+        self._micro.in_h2d = False
         self._group.h2d_ns = (self._group.h2d_ns or 0) + (end_ns - start_ns)
 
     def forward_started(self, now_ns: int) -> None:
@@ -117,16 +133,46 @@ class StepClock:
     def backward_started(self, now_ns: int) -> None:
         if self._micro is not None:
             self._micro.backward_start_ns = now_ns
+            self._micro.backward_open = True
 
     def backward_ended(self, now_ns: int) -> None:
         micro, group = self._micro, self._group
         if micro is None or group is None or micro.backward_start_ns is None:
             return
+        micro.backward_open = False
         group.backward_ns = (group.backward_ns or 0) + (now_ns - micro.backward_start_ns)
 
     def optimizer_started(self, now_ns: int) -> None:
         if self._micro is not None:
             self._micro.optimizer_start_ns = now_ns
+
+    def current_phase(self) -> str | None:
+        """The phase a collective called now falls in; None outside a training step."""
+        micro = self._micro
+        if micro is None:
+            # Between the microbatches of one accumulation window: loop bookkeeping, Residual.
+            return schema.RESIDUAL if self._group is not None else None
+        if micro.backward_open:
+            return schema.BACKWARD
+        if micro.forward_depth:
+            return schema.FORWARD
+        if micro.in_h2d:
+            return schema.H2D
+        if micro.optimizer_start_ns is not None:
+            return schema.OPTIMIZER
+        return schema.RESIDUAL
+
+    def collective(self, phase: str, wait_ns: int, nbytes: int = 0, count: int = 1) -> None:
+        """Time spent blocked waiting on other ranks inside ``phase`` of the open step."""
+        group = self._group
+        if group is None:
+            return
+        comm = group.comm_ns
+        if comm is None:
+            comm = group.comm_ns = {}
+        comm[phase] = comm.get(phase, 0) + max(0, wait_ns)
+        group.comm_count += count
+        group.comm_bytes += nbytes
 
     def batch_ended(self, now_ns: int, **context: Any) -> dict[str, Any] | None:
         """``on_train_batch_end``: returns the step record when this microbatch stepped the
@@ -194,8 +240,33 @@ class StepClock:
             schema.RSS: None,
         }
         record.update(DEVICE_FIELDS_UNMEASURED)
+        if self.comm_enabled:
+            self._comm_fields(record, group, residual_ns)
+        else:
+            record.update(COMM_FIELDS_UNMEASURED)
         self.steps_emitted += 1
         return record
+
+    @staticmethod
+    def _comm_fields(record: dict[str, Any], group: _Group, residual_ns: int) -> None:
+        waited = group.comm_ns or {}
+        phase_ns = {
+            schema.INPUT_WAIT: group.input_ns,
+            schema.H2D: group.h2d_ns,
+            schema.FORWARD: group.forward_ns,
+            schema.BACKWARD: group.backward_ns,
+            schema.OPTIMIZER: group.optimizer_ns,
+            schema.RESIDUAL: residual_ns,
+        }
+        total = 0
+        for phase, fieldname in schema.COMM_OF_PHASE.items():
+            # A wait is inside its phase: never more than the phase itself (clock edges).
+            ns = min(waited.get(phase, 0), phase_ns[phase] or 0)
+            total += ns
+            record[fieldname] = ns_to_ms(ns)
+        record[schema.COMM] = ns_to_ms(total)
+        record[schema.COMM_COUNT] = group.comm_count
+        record[schema.COMM_BYTES] = group.comm_bytes
 
 
 def rss_reader():

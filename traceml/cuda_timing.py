@@ -44,6 +44,7 @@ class _PendingStep:
     start: EventLike
     end: EventLike
     intervals: dict[str, list[tuple[EventLike, EventLike]]]
+    comm: dict[str, list[tuple[EventLike, EventLike]]] | None = None
 
 
 @dataclass
@@ -57,6 +58,9 @@ class CudaStepTimer:
     _open: dict[str, EventLike] = field(default_factory=dict)
     _intervals: dict[str, list[tuple[EventLike, EventLike]]] = field(default_factory=dict)
     _pending: deque[_PendingStep] = field(default_factory=deque)
+    # Distributed runs: device time of waits on other ranks, by phase (see add_comm).
+    comm_enabled: bool = False
+    _comm: dict[str, list[tuple[EventLike, EventLike]]] = field(default_factory=dict)
 
     def _event(self) -> EventLike:
         event = self._free.pop() if self._free else self.new_event()
@@ -79,6 +83,22 @@ class CudaStepTimer:
         if start is not None:
             self._intervals.setdefault(phase, []).append((start, self._event()))
 
+    def mark(self) -> EventLike:
+        """An event recorded now on the current stream (a collective's start or end)."""
+        return self._event()
+
+    def release(self, event: EventLike) -> None:
+        """Give back an event from :meth:`mark` that will not be used."""
+        self._free.append(event)
+
+    def add_comm(self, phase: str, start: EventLike, end: EventLike) -> None:
+        """A collective's device interval: on NCCL the current stream waits for the collective
+        (and so for the slowest rank) between ``start`` and ``end``."""
+        if self._step_start is None:
+            self._free.extend((start, end))
+            return
+        self._comm.setdefault(phase, []).append((start, end))
+
     def step_ended(self, record: dict[str, Any]) -> None:
         """Queue ``record``: its GPU fields are filled once the device has caught up."""
         if self._step_start is None:
@@ -89,15 +109,23 @@ class CudaStepTimer:
             record[schema.MEM_PEAK_ALLOCATED] = int(self.peak_allocated())
         if self.peak_reserved is not None:
             record[schema.MEM_PEAK_RESERVED] = int(self.peak_reserved())
-        pending = _PendingStep(record, self._step_start, self._event(), self._intervals)
+        pending = _PendingStep(
+            record,
+            self._step_start,
+            self._event(),
+            self._intervals,
+            self._comm if self.comm_enabled else None,
+        )
         self._pending.append(pending)
         self._step_start = None
         self._intervals = {}
+        self._comm = {}
 
     def abandon_step(self) -> None:
         self._step_start = None
         self._open.clear()
         self._intervals = {}
+        self._comm = {}
 
     def ready(self) -> Iterator[dict[str, Any]]:
         """Records whose device work has finished, oldest first; never blocks."""
@@ -126,6 +154,19 @@ class CudaStepTimer:
         for pairs in pending.intervals.values():
             for start, end in pairs:
                 events.extend((start, end))
+        if pending.comm is not None:
+            total = 0.0
+            for fieldname in schema.GPU_COMM_OF_PHASE.values():
+                record[fieldname] = 0.0
+            for phase, pairs in pending.comm.items():
+                waited = sum(start.elapsed_time(end) for start, end in pairs)
+                total += waited
+                fieldname = schema.GPU_COMM_OF_PHASE.get(phase)
+                if fieldname is not None:
+                    record[fieldname] = waited
+                for start, end in pairs:
+                    events.extend((start, end))
+            record[schema.GPU_COMM] = total
         self._free.extend(events)
         return record
 

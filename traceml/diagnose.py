@@ -19,6 +19,7 @@ COMPUTE_BOUND = "COMPUTE_BOUND"
 OPTIMIZER_HEAVY = "OPTIMIZER_HEAVY"
 RESIDUAL_HEAVY = "RESIDUAL_HEAVY"
 STRAGGLER = "STRAGGLER"
+COMM_BOUND = "COMM_BOUND"
 MEMORY_PRESSURE = "MEMORY_PRESSURE"
 INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
 NO_CLEAR_BOTTLENECK = "NO_CLEAR_BOTTLENECK"
@@ -52,6 +53,12 @@ _NEXT = {
         "Lower the batch size or resolution, or use mixed precision or activation "
         "checkpointing: near capacity the allocator fragments, retries and slows down."
     ),
+    COMM_BOUND: (
+        "Communicate less often or overlap it better: gradient accumulation (DDP skips the "
+        "all-reduce on accumulating microbatches via no_sync), a larger bucket_cap_mb, "
+        "gradient_as_bucket_view=True, a compression hook (fp16/bf16 or PowerSGD), fewer "
+        "collectives in training_step (sync_dist logging), or a faster interconnect."
+    ),
     NO_CLEAR_BOTTLENECK: (
         "Nothing stands out; change one thing at a time and check it with `traceml compare`."
     ),
@@ -59,6 +66,10 @@ _NEXT = {
 
 _STRAGGLER_NEXT = {
     schema.INPUT_WAIT: "check that rank's data shard and its host's CPU and storage",
+    schema.BACKWARD: (
+        "check that rank's device (clocks, thermal throttling, other jobs on it) and any "
+        "rank-specific gradient hooks"
+    ),
     schema.H2D: "check that rank's PCIe/NUMA placement (pinned memory, CPU affinity)",
     schema.FORWARD: "check that rank's device (clocks, thermal throttling, other jobs on it)",
     schema.OPTIMIZER: "check that rank's device and any rank-specific work in the step",
@@ -231,6 +242,9 @@ def diagnose(
     straggler = _straggler(summary, limits)
     if straggler is not None:
         verdicts.append(straggler)
+    comm_bound = _comm_bound(summary, limits, straggler)
+    if comm_bound is not None:
+        verdicts.append(comm_bound)
     memory = _memory(summary, limits)
     if memory is not None:
         verdicts.append(memory)
@@ -273,64 +287,194 @@ def _workers_hint(summary: dict[str, Any]) -> str:
     return f" (now {workers})" if isinstance(workers, int) else ""
 
 
+# Where a straggler's extra own time can lie, and the per-rank field that holds it: with comm
+# timing, each phase minus the waits inside it (Backward then means gradient computation);
+# on CUDA the device-side own times (NCCL waits are invisible to the host clock).
+_OWN_PHASE_FIELDS = {phase: schema.OWN_OF_PHASE[phase] for phase in schema.PHASES}
+_GPU_OWN_PHASE_FIELDS = {
+    schema.INPUT_WAIT: schema.OWN_OF_PHASE[schema.INPUT_WAIT],
+    **{phase: field for phase, field in schema.GPU_OWN_OF_PHASE.items()},
+}
+# Without comm timing (older files): phases as measured; Backward is left out because it holds
+# DDP's wait for the other ranks on gloo.
+_LEGACY_PHASE_FIELDS = {
+    phase: phase
+    for phase in (schema.INPUT_WAIT, schema.H2D, schema.FORWARD, schema.OPTIMIZER, schema.RESIDUAL)
+}
+
+
+def _straggler_basis(fields: dict[str, Any]) -> tuple[str, dict[str, str], str] | None:
+    """(own-time field, phase -> field for the cause, how own time was measured)."""
+    if _compared(fields, schema.GPU_OWN_MS):
+        return schema.GPU_OWN_MS, _GPU_OWN_PHASE_FIELDS, "device"
+    if _compared(fields, schema.OWN_OF_PHASE[schema.BACKWARD]):
+        return schema.OWN_MS, _OWN_PHASE_FIELDS, "waits"
+    candidates = [f for f in (schema.OWN_MS, schema.STEP) if _compared(fields, f)]
+    if not candidates:
+        return None
+    # Older files: step minus Backward (DDP's wait on gloo), or the step itself when the ranks
+    # do not synchronise; whichever separates the slowest rank more.
+    basis = max(candidates, key=lambda f: fields[f]["max_over_others"])
+    return basis, _LEGACY_PHASE_FIELDS, "legacy"
+
+
+def _compared(fields: dict[str, Any], fieldname: str) -> bool:
+    entry = fields.get(fieldname)
+    return bool(entry) and entry.get("max_over_others") is not None
+
+
+def _phase_excess(fields: dict[str, Any], phase_fields: dict[str, str], rank: int) -> dict:
+    """Per phase: the rank's median own time minus the other ranks' median of it."""
+    excess: dict[str, float] = {}
+    for phase, fieldname in phase_fields.items():
+        entry = fields.get(fieldname)
+        if not entry:
+            continue
+        medians = entry["rank_medians_ms"]
+        value = medians.get(str(rank))
+        others = [v for key, v in medians.items() if key != str(rank)]
+        if value is None or not others:
+            continue
+        excess[phase] = value - stats.quantile_sorted(sorted(others), 0.5)
+    return excess
+
+
 def _straggler(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any] | None:
+    """The rank the others wait for: the most own time (step minus its waits on the others),
+    against the other ranks' median, beyond both a ratio and an absolute threshold."""
     imbalance = summary.get(schema.SUMMARY_IMBALANCE) or {}
     fields = imbalance.get(schema.IMBALANCE_FIELDS) or {}
-    # Under DDP the fast ranks wait for the slow one inside Backward (the gradient
-    # all-reduce), so whole-step times even out; a rank's own time (step minus Backward)
-    # shows who is slow. Without synchronisation the step time shows it directly.
-    best = None
-    for basis in (schema.OWN_MS, schema.STEP):
-        entry = fields.get(basis)
-        if not entry or entry.get("max_over_others") is None:
-            continue
-        if best is None or entry["max_over_others"] > best[1]["max_over_others"]:
-            best = (basis, entry)
-    if best is None:
+    chosen = _straggler_basis(fields)
+    if chosen is None:
         return None
-    basis, entry = best
+    basis, phase_fields, method = chosen
+    entry = fields[basis]
     ratio = entry["max_over_others"]
     slowest = entry["slowest_rank"]
     reference = entry["median_of_others_ms"]
     slow_value = entry["rank_medians_ms"][str(slowest)]
-    if slow_value - reference < limits["straggler_min_ms"]:
+    cost = slow_value - reference
+    if cost < limits["straggler_min_ms"]:
         return None
     severity = _level(ratio, limits["straggler_warn"], limits["straggler_critical"])
     if severity is None:
         return None
-    excess: dict[str, float] = {}
-    for phase in (schema.INPUT_WAIT, schema.H2D, schema.FORWARD, schema.OPTIMIZER, schema.RESIDUAL):
-        phase_entry = fields.get(phase)
-        if not phase_entry:
-            continue
-        value = phase_entry["rank_medians_ms"].get(str(slowest))
-        if value is None:
-            continue
-        others = [v for rank, v in phase_entry["rank_medians_ms"].items() if rank != str(slowest)]
-        excess[phase] = value - stats.quantile_sorted(sorted(others), 0.5) if others else 0.0
+    excess = _phase_excess(fields, phase_fields, slowest)
     cause = max(excess, key=lambda p: excess[p]) if excess else None
     if cause is not None and excess[cause] <= 0:
         cause = None
-    what = "its own work (step minus Backward)" if basis == schema.OWN_MS else "its step time"
-    cause_text = (
-        f", mostly in {schema.PHASE_LABELS[cause]} (+{excess[cause]:.1f} ms)" if cause else ""
+    cause_label = _cause_label(cause, method)
+    what = {
+        "device": "its own time (device time not spent waiting on other ranks, plus Input Wait)",
+        "waits": "its own time (step minus its waits on other ranks)",
+        "legacy": (
+            "its own work (step minus Backward)" if basis == schema.OWN_MS else "its step time"
+        ),
+    }[method]
+    cause_text = f", mostly in {cause_label} (+{excess[cause]:.1f} ms)" if cause else ""
+    waits = _others_wait(fields, slowest, method)
+    wait_text = (
+        f" (the other ranks' median wait: {waits[0]:.1f} ms per step, rank {slowest}'s: "
+        f"{waits[1]:.1f} ms)"
+        if waits
+        else ""
     )
     advice = _STRAGGLER_NEXT.get(cause, "check that rank's host and device")
     return _verdict(
         STRAGGLER,
         severity,
         f"Rank {slowest} is slow: {what} is {ratio:.2f}x the other ranks' median "
-        f"({slow_value:.1f} ms vs {reference:.1f} ms){cause_text}.",
+        f"({slow_value:.1f} ms vs {reference:.1f} ms){cause_text}. It costs the job about "
+        f"{cost:.1f} ms per step{wait_text}.",
         f"The other ranks wait for rank {slowest} every step: {advice}.",
         ratio - 1.0,
         rank=slowest,
         ratio=ratio,
         basis=basis,
+        method=method,
         rank_ms=slow_value,
         others_median_ms=reference,
+        cost_ms_per_step=cost,
         cause_phase=cause,
         excess_ms=excess,
     )
+
+
+def _cause_label(cause: str | None, method: str) -> str:
+    if cause is None:
+        return ""
+    if cause == schema.BACKWARD and method != "legacy":
+        return "Backward compute"
+    return schema.PHASE_LABELS[cause]
+
+
+def _others_wait(fields: dict[str, Any], slowest: int, method: str) -> tuple[float, float] | None:
+    entry = fields.get(schema.GPU_COMM if method == "device" else schema.COMM)
+    if method == "legacy" or not entry:
+        return None
+    medians = entry["rank_medians_ms"]
+    others = [v for key, v in medians.items() if key != str(slowest)]
+    if str(slowest) not in medians or not others:
+        return None
+    return stats.quantile_sorted(sorted(others), 0.5), medians[str(slowest)]
+
+
+def _comm_bound(
+    summary: dict[str, Any], limits: dict[str, float], straggler: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Waiting on communication that every rank pays (so not a straggler's doing)."""
+    ranks = [e for e in summary.get(schema.SUMMARY_RANKS) or [] if e.get(schema.SHARES)]
+    device = any((e[schema.SHARES] or {}).get(schema.GPU_COMM_SHARE) is not None for e in ranks)
+    key = schema.GPU_COMM_SHARE if device else schema.COMM_SHARE
+    shares = {
+        e[schema.RANK]: e[schema.SHARES][key]
+        for e in ranks
+        if e[schema.SHARES].get(key) is not None
+    }
+    if len(shares) < 2:
+        return None
+    least = min(shares.values())
+    severity = _level(least, limits["comm_warn"], limits["comm_critical"])
+    if severity is None:
+        return None
+    overall = summary.get(schema.SUMMARY_OVERALL) or {}
+    phase_stats = overall.get(schema.PHASE_STATS) or {}
+    comm_stats = phase_stats.get(schema.GPU_COMM if device else schema.COMM) or {}
+    count = (phase_stats.get(schema.COMM_COUNT) or {}).get("mean")
+    nbytes = (phase_stats.get(schema.COMM_BYTES) or {}).get("mean")
+    where = _comm_where(phase_stats)
+    volume = ""
+    if count is not None and nbytes is not None:
+        volume = f"; {count:.0f} collectives and {nbytes / 2**20:.1f} MiB per step"
+    clock = "device time" if device else "step time"
+    return _verdict(
+        COMM_BOUND,
+        severity,
+        f"Every rank spends at least {_pct(least)} of {clock} waiting in communication "
+        f"({comm_stats.get('mean', 0.0):.1f} ms per step on average{where}{volume}), and no "
+        "single rank is making the others wait.",
+        _NEXT[COMM_BOUND],
+        least,
+        least_share=least,
+        rank_shares={str(rank): share for rank, share in shares.items()},
+        comm_mean_ms=comm_stats.get("mean"),
+        collectives_per_step=count,
+        bytes_per_step=nbytes,
+        warn_at=limits["comm_warn"],
+        critical_at=limits["comm_critical"],
+    )
+
+
+def _comm_where(phase_stats: dict[str, Any]) -> str:
+    sums = {
+        phase: (phase_stats.get(fieldname) or {}).get("sum") or 0.0
+        for phase, fieldname in schema.COMM_OF_PHASE.items()
+    }
+    total = sum(sums.values())
+    if total <= 0:
+        return ""
+    phase = max(sums, key=lambda p: sums[p])
+    return f", {_pct(sums[phase] / total)} of it in {schema.PHASE_LABELS[phase]}"
 
 
 def _memory(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from traceml import schema, stats
+from traceml import job_series, schema, stats
 from traceml.thresholds import resolve_thresholds
 
 _RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
@@ -37,8 +37,36 @@ _COLUMNS: tuple[str, ...] = (
     schema.MEM_PEAK_RESERVED,
     schema.RSS,
     schema.MICROBATCHES,
+    *schema.COMM_FIELDS,
+    *schema.GPU_COMM_FIELDS,
 )
-_STAT_FIELDS: tuple[str, ...] = (*schema.TIMED_FIELDS, *schema.GPU_FIELDS, schema.OWN_MS)
+# Derived per step from the columns above (see _derive_own).
+_OWN_FIELDS: tuple[str, ...] = (
+    schema.OWN_MS,
+    *schema.OWN_OF_PHASE.values(),
+    schema.GPU_OWN_MS,
+    *schema.GPU_OWN_OF_PHASE.values(),
+)
+_STAT_FIELDS: tuple[str, ...] = (
+    *schema.TIMED_FIELDS,
+    *schema.GPU_FIELDS,
+    *schema.COMM_FIELDS,
+    *schema.GPU_COMM_FIELDS,
+    *_OWN_FIELDS,
+)
+# Fields whose whole distribution goes into the summary (what compare needs).
+_DISTRIBUTED_FIELDS = frozenset(
+    (*schema.TIMED_FIELDS, *schema.GPU_FIELDS, schema.COMM, schema.GPU_COMM)
+)
+# Fields compared across ranks (imbalance, stragglers).
+_RANK_COMPARED: tuple[str, ...] = (
+    *schema.TIMED_FIELDS,
+    schema.COMM,
+    schema.GPU_STEP,
+    schema.GPU_COMM,
+    *schema.GPU_OF_PHASE.values(),
+    *_OWN_FIELDS,
+)
 
 
 class ReduceError(Exception):
@@ -177,11 +205,54 @@ def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
 # Per-rank reduction
 
 
-def _own_ms(columns: dict[str, list[Any]]) -> list[float | None]:
-    steps, backwards = columns[schema.STEP], columns[schema.BACKWARD]
+def _minus(values: list[Any], waits: list[Any]) -> list[float | None]:
+    """Per step ``value - wait``; null where either is unmeasured."""
     return [
-        None if step is None else step - (backward or 0.0)
-        for step, backward in zip(steps, backwards, strict=True)
+        None if value is None or wait is None else value - wait
+        for value, wait in zip(values, waits, strict=True)
+    ]
+
+
+def _derive_own(columns: dict[str, list[Any]]) -> None:
+    """A rank's own time per step: what it spent not waiting on other ranks.
+
+    With comm fields (multi-rank runs of this traceml): the step minus its waits, and each
+    phase minus the waits inside it. Without them (older files, or a single process): the
+    step minus Backward, where DDP's all-reduce wait sits on gloo; per-phase own times are then
+    unknown (null).
+    """
+    steps, comm = columns[schema.STEP], columns[schema.COMM]
+    if any(value is not None for value in comm):
+        columns[schema.OWN_MS] = _minus(steps, comm)
+    else:
+        columns[schema.OWN_MS] = [
+            None if step is None else step - (backward or 0.0)
+            for step, backward in zip(steps, columns[schema.BACKWARD], strict=True)
+        ]
+    for phase, own in schema.OWN_OF_PHASE.items():
+        columns[own] = _minus(columns[phase], columns[schema.COMM_OF_PHASE[phase]])
+    _derive_gpu_own(columns)
+
+
+def _derive_gpu_own(columns: dict[str, list[Any]]) -> None:
+    device_own = _minus(columns[schema.GPU_STEP], columns[schema.GPU_COMM])
+    inputs = columns[schema.INPUT_WAIT]
+    columns[schema.GPU_OWN_MS] = [
+        None if own is None else own + (wait or 0.0)
+        for own, wait in zip(device_own, inputs, strict=True)
+    ]
+    named = [0.0] * len(device_own)
+    for phase, own in schema.GPU_OWN_OF_PHASE.items():
+        if phase == schema.RESIDUAL:
+            continue
+        columns[own] = _minus(
+            columns[schema.GPU_OF_PHASE[phase]], columns[schema.GPU_COMM_OF_PHASE[phase]]
+        )
+        named = [total + (value or 0.0) for total, value in zip(named, columns[own], strict=True)]
+    # What the device did in the step outside the named phases (loss, matching...), not waiting.
+    columns[schema.GPU_OWN_OF_PHASE[schema.RESIDUAL]] = [
+        None if own is None else max(0.0, own - total)
+        for own, total in zip(device_own, named, strict=True)
     ]
 
 
@@ -213,7 +284,7 @@ def _timeline(columns: dict[str, list[Any]], warmup: int) -> dict[str, Any]:
 def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[str, stats.Sketch]]:
     """One rank's summary entry, and the sketches its analysed steps add to the overall view."""
     columns = dict(data.columns)
-    columns[schema.OWN_MS] = _own_ms(columns)
+    _derive_own(columns)
     count = data.step_count
     skipped = min(warmup, count) if count > warmup else 0
     header = data.header or {}
@@ -264,6 +335,12 @@ def shares_from_sums(sums: dict[str, float]) -> dict[str, float | None]:
     for phase in schema.PHASES:
         value = sums.get(phase)
         shares[phase] = value / total if (value is not None and total) else None
+    comm = sums.get(schema.COMM)
+    shares[schema.COMM_SHARE] = comm / total if (comm is not None and total) else None
+    gpu_comm, gpu_total = sums.get(schema.GPU_COMM), sums.get(schema.GPU_STEP)
+    shares[schema.GPU_COMM_SHARE] = (
+        gpu_comm / gpu_total if (gpu_comm is not None and gpu_total) else None
+    )
     for fieldname in schema.GPU_FIELDS:
         if fieldname == schema.GPU_STEP:
             continue
@@ -306,7 +383,9 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
             )
         elif code == schema.EVENT_MAX_STEPS:
             max_steps_message = message
-        elif code in (schema.EVENT_VERSION, schema.EVENT_NOTE) and message:
+        elif code in (schema.EVENT_VERSION, schema.EVENT_NOTE, schema.EVENT_BUCKET_TIMING_OFF) and (
+            message
+        ):
             notes.append(f"rank {rank}: {message}")
     footer = data.footer
     if data.header is not None and footer is None:
@@ -333,7 +412,11 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
 def summarise_rank(path: Path, rank: int, warmup: int) -> dict[str, Any]:
     """Everything the run summary needs from one rank file (small and picklable: the rank's
     steps are dropped once reduced, so a worker process can do this too)."""
-    data = read_rank_file(path, rank)
+    return summarise_records(read_rank_file(path, rank), warmup)
+
+
+def summarise_records(data: RankRecords, warmup: int) -> dict[str, Any]:
+    """:func:`summarise_rank` for records already in memory (the live view's window)."""
     notes, max_steps_message = rank_notes(data)
     entry, sketches = reduce_rank(data, warmup)
     return {
@@ -343,6 +426,7 @@ def summarise_rank(path: Path, rank: int, warmup: int) -> dict[str, Any]:
         "max_steps_message": max_steps_message,
         "status": (data.footer or {}).get(schema.STATUS),
         "header": data.header,
+        "job_series": job_series.rank_series(data.columns, entry[schema.SUMMARY_WARMUP]),
     }
 
 
@@ -404,6 +488,40 @@ def reduce_run(
         raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
     limits = resolve_thresholds(thresholds)
     warmup = int(limits["warmup_steps"])
+    parts = _summarise_ranks(files, warmup, jobs)
+    return _summary_from_parts(
+        parts, list(files), limits, run_name=run_dir.name, run_dir=str(run_dir.resolve()), now=now
+    )
+
+
+def reduce_records(
+    ranks: list[RankRecords],
+    *,
+    thresholds: dict[str, float] | None = None,
+    run_name: str = "live",
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The summary of rank records already in memory, exactly as :func:`reduce_run` builds it
+    from files (the live view reduces its recent window this way)."""
+    limits = resolve_thresholds(thresholds)
+    warmup = int(limits["warmup_steps"])
+    ordered = sorted(ranks, key=lambda data: data.rank)
+    parts = (summarise_records(data, warmup) for data in ordered)
+    return _summary_from_parts(
+        parts, [data.rank for data in ordered], limits, run_name=run_name, run_dir=None, now=now
+    )
+
+
+def _summary_from_parts(
+    parts: Iterator[dict[str, Any]],
+    found: list[int],
+    limits: dict[str, float],
+    *,
+    run_name: str,
+    run_dir: str | None,
+    now: datetime | None,
+) -> dict[str, Any]:
+    warmup = int(limits["warmup_steps"])
 
     rank_entries: list[dict[str, Any]] = []
     merged: dict[str, list[stats.Sketch]] = {}
@@ -415,8 +533,9 @@ def reduce_run(
     headers: dict[int, dict[str, Any]] = {}
     statuses: dict[int, str | None] = {}
     approximate = False
+    series = job_series.JobSeriesAccumulator()
 
-    for part in _summarise_ranks(files, warmup, jobs):
+    for part in parts:
         entry, sketches = part["entry"], part["sketches"]
         rank = entry[schema.RANK]
         notes.extend(part["notes"])
@@ -426,6 +545,7 @@ def reduce_run(
         if part["header"] is not None:
             headers[rank] = part["header"]
         rank_entries.append(entry)
+        series.add(part.get("job_series"))
         for fieldname, sketch in sketches.items():
             approximate = approximate or sketch[1] != 1.0
             merged.setdefault(fieldname, []).append(sketch)
@@ -436,9 +556,10 @@ def reduce_run(
             merged_extremes[fieldname] = (min(low, described["min"]), max(high, described["max"]))
 
     world_size = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
-    world_size = max(world_size, max(files) + 1)
+    world_size = max(world_size, max(found) + 1) if found else world_size
     expected = list(range(world_size))
-    missing = [rank for rank in expected if rank not in files]
+    present = set(found)
+    missing = [rank for rank in expected if rank not in present]
     if missing:
         notes.append(_missing_ranks_note(missing, headers))
     if max_steps_note:
@@ -470,15 +591,15 @@ def reduce_run(
 
     summary: dict[str, Any] = {
         schema.SCHEMA: schema.SUMMARY_SCHEMA,
-        schema.RUN: _run_name(headers, run_dir),
-        schema.SUMMARY_RUN_DIR: str(run_dir.resolve()),
+        schema.RUN: _run_name(headers, run_name),
+        schema.SUMMARY_RUN_DIR: run_dir,
         schema.SUMMARY_GENERATED_AT: (now or datetime.now(timezone.utc)).isoformat(
             timespec="seconds"
         ),
-        schema.SUMMARY_STATUS: _run_status(statuses, missing, steps_recorded, headers, files),
+        schema.SUMMARY_STATUS: _run_status(statuses, missing, steps_recorded, headers, found),
         schema.WORLD_SIZE: world_size,
         schema.SUMMARY_RANKS_EXPECTED: expected,
-        schema.SUMMARY_RANKS_FOUND: list(files),
+        schema.SUMMARY_RANKS_FOUND: list(found),
         schema.SUMMARY_RANKS_MISSING: missing,
         schema.SUMMARY_SETUP: setup,
         schema.SUMMARY_WARMUP: skipped,
@@ -490,6 +611,7 @@ def reduce_run(
         schema.SUMMARY_IMBALANCE: _imbalance(rank_entries),
         schema.SUMMARY_THRESHOLDS: limits,
         schema.SUMMARY_NOTES: _dedupe_rank_notes(notes, len(rank_entries)),
+        schema.SUMMARY_JOB_SERIES: series.result(),
     }
     return summary
 
@@ -509,7 +631,7 @@ def _overall(
         if not sketches:
             phase_stats[fieldname] = None
             continue
-        wanted = fieldname in schema.TIMED_FIELDS or fieldname in schema.GPU_FIELDS
+        wanted = fieldname in _DISTRIBUTED_FIELDS
         quantiles = stats.merged_quantiles(sketches, sorted({0.5, 0.9, *(ps if wanted else ())}))
         at = dict(zip(sorted({0.5, 0.9, *(ps if wanted else ())}), quantiles, strict=True))
         median, p90 = at[0.5], at[0.9]
@@ -547,7 +669,7 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     if len(with_data) < 2:
         return None
     fields: dict[str, Any] = {}
-    for fieldname in (*schema.TIMED_FIELDS, schema.OWN_MS):
+    for fieldname in _RANK_COMPARED:
         medians = {
             e[schema.RANK]: e[schema.PHASE_STATS][fieldname]["median"]
             for e in with_data
@@ -569,7 +691,7 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             "median_of_others_ms": others,
             "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
         }
-    own = fields.get(schema.OWN_MS) or fields.get(schema.STEP)
+    own = fields.get(schema.GPU_OWN_MS) or fields.get(schema.OWN_MS) or fields.get(schema.STEP)
     return {
         schema.IMBALANCE_FIELDS: fields,
         schema.SLOWEST_RANK: own["slowest_rank"] if own else None,
@@ -592,6 +714,8 @@ def _setup(headers: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any
         "device_name": device.get(schema.DEVICE_NAME),
         schema.DEVICE_TOTAL_MEMORY: device.get(schema.DEVICE_TOTAL_MEMORY),
         schema.TIMING: first.get(schema.TIMING),
+        schema.COMM_TIMING: first.get(schema.COMM_TIMING),
+        schema.BUCKET_TIMING: first.get(schema.BUCKET_TIMING),
         schema.VERSIONS: first.get(schema.VERSIONS) or {},
         schema.SCRIPT: first.get(schema.SCRIPT),
         schema.INTEGRATION: first.get(schema.INTEGRATION),
@@ -630,11 +754,11 @@ def _missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) 
     return text
 
 
-def _run_name(headers: dict[int, dict[str, Any]], run_dir: Path) -> str:
+def _run_name(headers: dict[int, dict[str, Any]], fallback: str) -> str:
     for header in headers.values():
         if header.get(schema.RUN):
             return str(header[schema.RUN])
-    return run_dir.name
+    return fallback
 
 
 def _run_status(
@@ -642,7 +766,7 @@ def _run_status(
     missing: list[int],
     steps: int,
     headers: dict[int, dict[str, Any]],
-    files: dict[int, Path],
+    found: list[int],
 ) -> str:
     values = list(statuses.values())
     if schema.STATUS_EXCEPTION in values:
@@ -653,6 +777,6 @@ def _run_status(
         return "unsupported"
     if steps == 0:
         return "empty"
-    if missing or None in values or len(headers) < len(files):
+    if missing or None in values or len(headers) < len(found):
         return "partial"
     return "completed"

@@ -7,8 +7,8 @@ MAJOR with a one-line error.
 
 from __future__ import annotations
 
-RANK_SCHEMA = "traceml.rank/1.0"
-SUMMARY_SCHEMA = "traceml.summary/1.0"
+RANK_SCHEMA = "traceml.rank/1.1"
+SUMMARY_SCHEMA = "traceml.summary/1.1"
 COMPARISON_SCHEMA = "traceml.comparison/1.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
 
@@ -55,6 +55,33 @@ GPU_OF_PHASE: dict[str, str] = {
     STEP: GPU_STEP,
 }
 
+# Waiting on other ranks (distributed runs only; null when the process is alone): time spent
+# blocked in torch.distributed collectives and DDP's gradient buckets, split by the phase it
+# fell in. It is *inside* that phase, so a phase's own time is the phase minus its comm field
+# and the phases still add up to the step.
+COMM = "comm_ms"
+COMM_OF_PHASE: dict[str, str] = {
+    INPUT_WAIT: "comm_input_wait_ms",
+    H2D: "comm_h2d_ms",
+    FORWARD: "comm_forward_ms",
+    BACKWARD: "comm_backward_ms",
+    OPTIMIZER: "comm_optimizer_ms",
+    RESIDUAL: "comm_residual_ms",
+}
+COMM_COUNT = "comm_count"  # collectives (and DDP buckets) in the step
+COMM_BYTES = "comm_bytes"  # their tensor payload (0 for barrier and object collectives)
+# Device-side (CUDA event) time of the same waits: on NCCL the host does not block in a
+# collective, so only these show who waited.
+GPU_COMM = "gpu_comm_ms"
+GPU_COMM_OF_PHASE: dict[str, str] = {
+    H2D: "gpu_comm_h2d_ms",
+    FORWARD: "gpu_comm_forward_ms",
+    BACKWARD: "gpu_comm_backward_ms",
+    OPTIMIZER: "gpu_comm_optimizer_ms",
+}
+COMM_FIELDS: tuple[str, ...] = (COMM, *COMM_OF_PHASE.values(), COMM_COUNT, COMM_BYTES)
+GPU_COMM_FIELDS: tuple[str, ...] = (GPU_COMM, *GPU_COMM_OF_PHASE.values())
+
 # Step record fields besides the phases.
 STEP_INDEX = "step"
 GLOBAL_STEP = "global_step"
@@ -85,6 +112,8 @@ DEVICE_TYPE = "type"
 DEVICE_NAME = "name"
 DEVICE_TOTAL_MEMORY = "total_memory_bytes"
 TIMING = "timing"  # "host" or "host+cuda_events"
+COMM_TIMING = "comm_timing"  # null (one process), "host" or "host+cuda_events"
+BUCKET_TIMING = "bucket_timing"  # DDP gradient buckets: "on", "off" or null (no DDP)
 SCRIPT = "script"
 INTEGRATION = "integration"
 ACCUMULATE_GRAD_BATCHES = "accumulate_grad_batches"
@@ -114,6 +143,7 @@ EVENT_DISABLED = "disabled"
 EVENT_MAX_STEPS = "trace_max_steps_reached"
 EVENT_VERSION = "untested_version"
 EVENT_NOTE = "note"
+EVENT_BUCKET_TIMING_OFF = "bucket_timing_off"
 
 
 def schema_major(schema: object, family: str) -> int | None:
@@ -172,8 +202,26 @@ BETWEEN_STEPS_MS = "between_steps_ms"  # sum of gap_ms: validation, checkpoints,
 WALL_MS = "wall_ms"  # first step start to last step end
 DISTRIBUTIONS = "distributions"  # field -> DISTRIBUTION_POINTS quantiles (overall only)
 TIMELINE = "timeline"  # rank only: {"steps_per_bin", "first_step", "bins": [{phase: ms}]}
-OWN_MS = "own_ms"  # step minus Backward (Backward holds DDP's wait for other ranks)
+# A rank's own time: the step minus its waits on other ranks (COMM); for files without
+# comm fields (older traceml, or comm timing off), step minus Backward, where DDP's all-reduce
+# wait sits on gloo.
+OWN_MS = "own_ms"
+OWN_OF_PHASE: dict[str, str] = {phase: "own_" + phase for phase in PHASES}
+# Device-side own time (CUDA): the device step minus its waits, plus the host's Input Wait
+# (the device idles while the rank fetches, before its step starts). With NCCL this, not the
+# host time, shows who the others wait for.
+GPU_OWN_MS = "gpu_own_ms"
+GPU_OWN_OF_PHASE: dict[str, str] = {
+    phase: "gpu_own_" + phase for phase in (H2D, FORWARD, BACKWARD, OPTIMIZER, RESIDUAL)
+}
+COMM_SHARE = "comm_share"  # inside "shares": sum of COMM over sum of step time
+GPU_COMM_SHARE = "gpu_comm_share"
 
 # Inside "imbalance".
 IMBALANCE_FIELDS = "fields"  # field -> {"max_over_median", "slowest_rank", "rank_medians"}
 SLOWEST_RANK = "slowest_rank"
+
+# --- compare (issue 17) ---
+# The job's step series (traceml/job_series.py): one value per step of the whole job, the
+# unit compare's statistics need (ranks move in lock-step, so they are not separate samples).
+SUMMARY_JOB_SERIES = "job_series"

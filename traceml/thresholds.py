@@ -33,11 +33,15 @@ THRESHOLDS: dict[str, float] = {
     "residual_critical": 0.60,
     # Forward + Backward share at or above which the run is COMPUTE_BOUND (the healthy case).
     "compute_share": 0.60,
-    # Slowest rank's own time (step minus Backward, which holds DDP's wait for the others)
-    # over the other ranks' median: STRAGGLER. Differences under straggler_min_ms are noise.
+    # Slowest rank's own time (step minus its waits on other ranks) over the other ranks'
+    # median: STRAGGLER. Differences under straggler_min_ms are noise.
     "straggler_warn": 1.20,
     "straggler_critical": 1.50,
     "straggler_min_ms": 1.0,
+    # Share of step time that even the rank waiting least spends blocked in communication
+    # (collectives, DDP's gradient buckets): COMM_BOUND.
+    "comm_warn": 0.25,
+    "comm_critical": 0.50,
     # Peak reserved device memory over device capacity: MEMORY_PRESSURE.
     "memory_warn": 0.90,
     "memory_critical": 0.97,

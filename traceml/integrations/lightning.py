@@ -258,6 +258,7 @@ class StepTimingMixin:
         self._rss_at = 0
         self._fetcher: Any = None
         self._restore_fetcher: Any = None
+        self.comm: Any = None  # distributed.CommTimer in a multi-rank run
 
     @property
     def state_key(self) -> str:
@@ -303,6 +304,8 @@ class StepTimingMixin:
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.state == "tracing" and self.clock.in_microbatch:
+            if self.comm is not None:
+                self._guard("on_before_backward", self.comm.backward_started)
             now = clock_ns()
             self.clock.backward_started(now)
             if self.gpu is not None:
@@ -310,6 +313,8 @@ class StepTimingMixin:
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self.state == "tracing" and self.clock.in_microbatch:
+            if self.comm is not None:
+                self._guard("on_after_backward", self.comm.backward_finished)
             if self.gpu is not None:
                 self._guard("on_after_backward", self.gpu.phase_ended, "backward")
             self.clock.backward_ended(clock_ns())
@@ -403,7 +408,25 @@ class StepTimingMixin:
         if reason:
             self._mark_unsupported(trainer, pl_module, reason)
             return
+        if self.rank_info[schema.WORLD_SIZE] > 1:
+            self._prepare_comm_timing()
         self.state = "ready"
+
+    def _prepare_comm_timing(self) -> None:
+        """Multi-rank run: get ready to time waits on other ranks. The DDP hook registration
+        is wrapped now, before the strategy wraps the model (and registers any hook of the
+        user's); everything else is installed when tracing starts."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        from traceml.integrations.distributed import CommTimer
+
+        self.comm = CommTimer(on_failure=self._disable)
+        self.comm.wrap_hook_registration(DistributedDataParallel)
+        self._uninstall.append(self.comm.uninstall)
 
     def _mark_unsupported(self, trainer: Any, pl_module: Any, reason: str) -> None:
         self.state = "unsupported"
@@ -429,11 +452,41 @@ class StepTimingMixin:
             self.gpu = cuda_step_timer(device)
         self._rss = capture.rss_reader()
         self._header_extra = _loop_facts(trainer)
+        if self.comm is not None:
+            self._start_comm_timing(trainer)
         self._write_header(trainer, pl_module)
         for note in self.notes:
             self._write_event(note.get("level", "info"), note["code"], note["message"])
         self.state = "tracing"
         self._install_instruments(trainer, pl_module, fetcher)
+
+    def _start_comm_timing(self, trainer: Any) -> None:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        comm = self.comm
+        comm.clock = self.clock
+        comm.gpu = self.gpu
+        self.clock.comm_enabled = True
+        if self.gpu is not None:
+            self.gpu.comm_enabled = True
+        model = getattr(trainer.strategy, "model", None)
+        if isinstance(model, DistributedDataParallel):
+            comm.attach_buckets(model)
+        comm.install_collectives(dist)
+        comm.active = True
+        self._header_extra[schema.COMM_TIMING] = (
+            "host+cuda_events" if self.gpu is not None else "host"
+        )
+        self._header_extra[schema.BUCKET_TIMING] = comm.bucket_timing
+        if comm.bucket_note:
+            self.notes.append(
+                {
+                    "level": "warning",
+                    "code": schema.EVENT_BUCKET_TIMING_OFF,
+                    "message": f"DDP gradient-bucket timing is off: {comm.bucket_note}",
+                }
+            )
 
     def _instrument_fetcher(self, fetcher: Any) -> None:
         """Input Wait: the one training fetcher gets a timing subclass of its own class."""
@@ -462,6 +515,7 @@ class StepTimingMixin:
         def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
             if self.state != "tracing" or not self.clock.in_microbatch:
                 return original_transfer(*args, **kwargs)
+            self.clock.transfer_started()
             start = clock_ns()
             if self.gpu is not None:
                 self._guard("H2D", self.gpu.phase_started, "h2d")
@@ -578,6 +632,8 @@ class StepTimingMixin:
         if self.gpu is None:
             return
         gpu, self.gpu = self.gpu, None
+        if self.comm is not None:
+            self.comm.gpu = None
         for record in gpu.drain():
             self._write_step(record)
 
