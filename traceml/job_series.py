@@ -1,0 +1,197 @@
+"""The job's step series: one value per training step of the whole job, what compare needs.
+
+Why not every rank's steps pooled? DDP ranks move in lock-step: at one step, R ranks' times
+are one observation of the job, not R. Pooling them made compare's intervals shrink with
+sqrt(R) and raise false alarms at 8 and 32 ranks (issue 17). Here each step position (the i-th
+analysed step of every rank; ranks of one job take their optimizer steps together) gives one
+value: the step time is the slowest rank's (the job waits for it), a phase's time is its mean
+over the ranks.
+
+Pure. The reducer calls :func:`rank_series` per rank (in a worker process with ``--jobs``; the
+result is a small picklable dict) and feeds a :class:`JobSeriesAccumulator`, which holds
+O(steps) numbers whatever the rank count. :func:`estimate` turns a stored series into a mean
+with an honest standard error (batch means: consecutive steps are correlated), an effective
+sample size, and the drift between the run's first and second half.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from traceml import schema, stats
+
+# Time waiting on other ranks (schema.COMM) rides along: compare shows it when both runs have it.
+SERIES_FIELDS: tuple[str, ...] = (*schema.TIMED_FIELDS, schema.COMM)
+# The job's step waits for its slowest rank; phases are averaged (a phase's max over ranks
+# would grow with the rank count on identical ranks, the very inflation this module removes).
+_MAX_OVER_RANKS = frozenset({schema.STEP})
+# Points kept per field in a summary. Longer runs store means of consecutive steps instead of
+# steps: batch means over those points are still batch means over steps, and the summary stays
+# ~20 kB per field however long the run.
+MAX_POINTS = 2048
+UNIT = "job step: per step position, step_ms = slowest rank, phases = mean over ranks"
+
+RankSeries = dict[str, list[float | None]]
+
+
+def rank_series(columns: dict[str, list[Any]], skip: int) -> RankSeries:
+    """One rank's analysed steps (after the ``skip`` warm-up steps), per series field.
+
+    ``columns`` maps field names to per-step lists as the reducer reads them; fields the rank
+    file does not carry are left out. Null (unmeasured) stays None, position is kept.
+    """
+    series: RankSeries = {}
+    for fieldname in SERIES_FIELDS:
+        column = columns.get(fieldname)
+        if column is None:
+            continue
+        values = [v if isinstance(v, (int, float)) else None for v in column[skip:]]
+        if any(v is not None for v in values):
+            series[fieldname] = values
+    return series
+
+
+class JobSeriesAccumulator:
+    """Merges ranks' series one at a time; memory O(steps x fields), not O(ranks x steps)."""
+
+    def __init__(self) -> None:
+        self._ranks = 0
+        self._totals: dict[str, list[float]] = {}  # max for step, sum for phases
+        self._counts: dict[str, list[int]] = {}
+
+    def add(self, series: RankSeries | None) -> None:
+        if not series:
+            return
+        self._ranks += 1
+        for fieldname, values in series.items():
+            totals = self._totals.setdefault(fieldname, [])
+            counts = self._counts.setdefault(fieldname, [])
+            if len(values) > len(totals):
+                grow = len(values) - len(totals)
+                totals.extend([0.0] * grow)
+                counts.extend([0] * grow)
+            use_max = fieldname in _MAX_OVER_RANKS
+            for index, value in enumerate(values):
+                if value is None:
+                    continue
+                if counts[index] == 0:
+                    totals[index] = value
+                elif use_max:
+                    totals[index] = max(totals[index], value)
+                else:
+                    totals[index] += value
+                counts[index] += 1
+
+    def result(self) -> dict[str, Any] | None:
+        """What the summary stores (see :data:`schema.SUMMARY_JOB_SERIES`), None without steps."""
+        fields: dict[str, Any] = {}
+        for fieldname, totals in self._totals.items():
+            counts = self._counts[fieldname]
+            if fieldname in _MAX_OVER_RANKS:
+                values = [t for t, c in zip(totals, counts, strict=True) if c]
+            else:
+                values = [t / c for t, c in zip(totals, counts, strict=True) if c]
+            if values:
+                fields[fieldname] = _stored_field(values)
+        if not fields:
+            return None
+        return {"unit": UNIT, "ranks": self._ranks, "fields": fields}
+
+
+def _stored_field(values: list[float]) -> dict[str, Any]:
+    n = len(values)
+    per_point = max(1, math.ceil(n / MAX_POINTS))
+    points = [
+        math.fsum(values[start : start + per_point]) / len(values[start : start + per_point])
+        for start in range(0, n, per_point)
+    ]
+    # The first and second half, at step resolution (the points may straddle the middle).
+    half = n // 2
+    first = math.fsum(values[:half]) / half if half else None
+    second = math.fsum(values[half:]) / (n - half) if n - half else None
+    return {
+        "steps": n,
+        "steps_per_point": per_point,
+        "mean": math.fsum(values) / n,
+        "sd": stats.weighted_sd(values) if n > 1 else None,
+        "first_half_mean": first,
+        "second_half_mean": second,
+        "points": [round(p, 4) for p in points],
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# What one run's series says
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """One run, one field: the mean per job step and how well it is known."""
+
+    mean: float
+    se: float  # standard error of the mean (inf: unknown)
+    df: float  # degrees of freedom of ``se``
+    steps: int
+    ess: float  # effective sample size: steps worth of independent information
+    cv: float | None  # step-to-step coefficient of variation
+    drift: float | None  # log(second-half mean / first-half mean)
+    approximate: bool  # from an older summary's pooled distribution, not a job series
+
+
+def estimate(stored: dict[str, Any]) -> RunEstimate | None:
+    """The estimate from a stored job-series field (see :func:`_stored_field`)."""
+    points = stored.get("points") or []
+    steps = int(stored.get("steps") or 0)
+    if not points or steps < 1:
+        return None
+    per_point = int(stored.get("steps_per_point") or 1)
+    weights = [float(per_point)] * len(points)
+    weights[-1] = float(steps - per_point * (len(points) - 1))
+    mean, variance, batches = stats.batch_means(points, weights)
+    mean = stored.get("mean", mean)
+    sd = stored.get("sd")
+    if math.isfinite(variance) and variance > 0 and sd:
+        ess = min(float(steps), sd**2 / variance)
+    elif variance == 0.0:
+        ess = float(steps)  # constant steps: nothing to learn about correlation
+    else:
+        ess = math.nan
+    first, second = stored.get("first_half_mean"), stored.get("second_half_mean")
+    drift = math.log(second / first) if first and second and first > 0 and second > 0 else None
+    return RunEstimate(
+        mean=mean,
+        se=math.sqrt(variance),
+        df=float(batches - 1),
+        steps=steps,
+        ess=ess,
+        cv=(sd / mean) if sd is not None and mean > 0 else None,
+        drift=drift,
+        approximate=False,
+    )
+
+
+def estimate_from_distribution(
+    distribution: list[float], phase_stats: dict[str, Any], ranks: int
+) -> RunEstimate | None:
+    """For summaries written before job series (schema 1.0): the pooled quantiles of all ranks'
+    steps. Steps are taken as independent and ``count / ranks`` of them as the sample (ranks
+    move together), so the interval is approximate and usually too narrow."""
+    count = int(phase_stats.get("count") or 0)
+    mean = phase_stats.get("mean")
+    if not distribution or count < 1 or mean is None:
+        return None
+    steps = max(1, count // max(1, ranks))
+    sd = stats.weighted_sd(distribution)
+    se = sd / math.sqrt(steps) if steps > 1 and math.isfinite(sd) else math.inf
+    return RunEstimate(
+        mean=float(mean),
+        se=se,
+        df=float(steps - 1),
+        steps=steps,
+        ess=float(steps),
+        cv=(sd / mean) if mean > 0 and math.isfinite(sd) else None,
+        drift=None,
+        approximate=True,
+    )
