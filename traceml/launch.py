@@ -178,13 +178,13 @@ def live_timing(args: argparse.Namespace) -> tuple[float, float]:
     least training time before its first provisional verdict."""
     from traceml import live
 
+    if args.live_interval is not None and not args.live_interval > 0:  # NaN too
+        raise LaunchError("--live-interval must be a positive number of seconds")
     try:
         interval = args.live_interval or live.interval_from_env() or live.DEFAULT_INTERVAL_S
         collect = live.collect_from_env()
     except live.LiveError as exc:
         raise LaunchError(str(exc)) from None
-    if interval <= 0 or interval != interval:
-        raise LaunchError("--live-interval must be a positive number of seconds")
     return interval, live.DEFAULT_COLLECT_S if collect is None else collect
 
 
