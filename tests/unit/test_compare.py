@@ -7,7 +7,7 @@ import pytest
 
 from traceml import schema
 from traceml.cli import main
-from traceml.compare import compare, gate_exit_code, load_summary
+from traceml.compare import CompareOptions, compare, gate_exit_code, load_summary
 from traceml.finalize import summarise
 
 from rankfiles import synthetic_run
@@ -54,13 +54,22 @@ def test_two_percent_inside_noise_is_not_significant(tmp_path):
     assert flagged <= 3
 
 
-def test_two_percent_on_5000_steady_steps_is_real(tmp_path):
+def test_two_percent_on_5000_steady_steps_is_real_only_below_the_noise_floor(tmp_path):
     a, _ = make_summary(tmp_path / "a", steps=5000, seed=1, noise=0.02, **BASE)
     slower = {k: v * 1.02 for k, v in BASE.items()}
     b, _ = make_summary(tmp_path / "b", steps=5000, seed=2, noise=0.02, **slower)
+    # One run a side: run-to-run noise is unknown, so +2% is inside the default 5% floor; the
+    # interval is inside the 5% margin, so the runs are equivalent within it.
     result = compare(load_summary(a), load_summary(b))
+    assert result["step"]["hidden_rule"] == "noise_floor"
+    assert result["step"]["significant"] is False
+    assert result["verdict"] == "EQUIVALENT"
+    assert result["noise"]["run_to_run"] == "unknown"
+    # Whoever knows their machine's run-to-run noise is small can lower the floor.
+    result = compare(load_summary(a), load_summary(b), CompareOptions(noise_floor_pct=1.0))
     assert result["step"]["significant"] is True
     assert result["verdict"] == "REGRESSION"
+    assert result["step"]["change_pct"] == pytest.approx(2.0, abs=0.2)
 
 
 def test_ten_percent_slowdown_fails_the_gate(tmp_path, capsys):
@@ -80,7 +89,7 @@ def test_three_steps_each_is_inconclusive(tmp_path):
     b, _ = make_summary(tmp_path / "b", steps=3, **BASE)
     result = compare(load_summary(a), load_summary(b))
     assert result["verdict"] == "INCONCLUSIVE"
-    assert any("only 1 analysed steps" in r for r in result["inconclusive_reasons"])
+    assert any("only 1 analysed job steps" in r for r in result["inconclusive_reasons"])
     assert gate_exit_code(result, 5.0) == 3
     assert main(["compare", str(a), str(b), "--fail-on-regression", "5"]) == 3
 
@@ -158,8 +167,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, message):
 
 def test_older_compatible_schema_is_read(tmp_path, monkeypatch):
     path, _ = make_summary(tmp_path / "a", steps=20, **BASE)
+    written = schema.SUMMARY_SCHEMA
     monkeypatch.setattr(schema, "SUMMARY_SCHEMA", "traceml.summary/1.4")
-    assert load_summary(path)["schema"] == "traceml.summary/1.0"
+    assert load_summary(path)["schema"] == written
 
 
 def test_a_run_directory_is_accepted_for_its_summary(tmp_path):
