@@ -44,6 +44,13 @@ MEMORY_CHANGE = 0.10  # a peak-memory change this large makes a faster run MIXED
 MIN_STEPS = 10
 DEFAULT_NOISE_FLOOR_PCT = 5.0
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 5.0
+# Two-sided 90% intervals: each claim compare makes is one-sided (B is slower; B is faster; B is
+# equivalent, i.e. neither slower nor faster than the margin, as in a TOST equivalence test), so
+# each is a test at the 5% level. That is what the gate's false-alarm target is, and the 95%
+# two-sided interval would spend half of it on the direction the gate does not act on.
+CONFIDENCE = 0.90
+_T_LEVEL = 1 - (1 - CONFIDENCE) / 2
+CI_LABEL = f"{CONFIDENCE:.0%} CI"
 
 IMPROVEMENT = "IMPROVEMENT"
 REGRESSION = "REGRESSION"
@@ -69,7 +76,6 @@ HIDDEN_MATERIAL = "material"
 HIDDEN_NOISE_FLOOR = "noise_floor"
 HIDDEN_DRIFT = "drift"
 HIDDEN_ZERO_MEAN = "zero_mean"
-_HIDDEN_BY_NOISE = (HIDDEN_NOISE_FLOOR, HIDDEN_DRIFT)
 
 
 class CompareInputError(Exception):
@@ -144,10 +150,10 @@ def run_estimate(summary: dict[str, Any], fieldname: str) -> RunEstimate | None:
 
 @dataclass(frozen=True)
 class Difference:
-    """log(B / A) of the mean per job step, with a 95% interval."""
+    """log(B / A) of the mean per job step, with a CONFIDENCE interval."""
 
     log_ratio: float
-    low: float  # 95% interval of log_ratio (-inf / inf: unknown)
+    low: float  # CONFIDENCE interval of log_ratio (-inf / inf: unknown)
     high: float
     df: float
     between_runs: bool  # True: from the spread of run means; False: within-run only
@@ -172,7 +178,7 @@ def difference(side_a: list[RunEstimate], side_b: list[RunEstimate]) -> Differen
         # Welch-Satterthwaite: the two runs' variances come with different degrees of freedom.
         denominator = var_a**2 / df_a + var_b**2 / df_b
         df = variance**2 / denominator if denominator > 0 else min(df_a, df_b)
-        half = stats.t_quantile_975(df) * math.sqrt(variance)
+        half = stats.t_quantile(_T_LEVEL, df) * math.sqrt(variance)
         return Difference(log_ratio, log_ratio - half, log_ratio + half, df, False, None)
     # Several runs on at least one side: the runs' means scatter by everything that differs
     # between runs; pooled over both sides (a side of one run borrows the other's spread).
@@ -184,7 +190,7 @@ def difference(side_a: list[RunEstimate], side_b: list[RunEstimate]) -> Differen
     finite = [v for v in within if math.isfinite(v)]
     floor = sum(finite) / len(finite) if finite else 0.0
     variance = max(spread, floor) * (1 / len(logs_a) + 1 / len(logs_b))
-    half = stats.t_quantile_975(df) * math.sqrt(variance)
+    half = stats.t_quantile(_T_LEVEL, df) * math.sqrt(variance)
     return Difference(log_ratio, log_ratio - half, log_ratio + half, df, True, math.sqrt(spread))
 
 
@@ -219,7 +225,7 @@ def compare_field(
     options: CompareOptions | None = None,
     step_means: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """A vs B for one field: means per job step, % change, 95% interval, and whether it is a
+    """A vs B for one field: means per job step, % change, its interval, and whether it is a
     change (``significant``), or which rule hid it (``hidden_by``)."""
     options = options or CompareOptions()
     entry: dict[str, Any] = {"field": fieldname, "label": _label(fieldname)}
@@ -255,14 +261,14 @@ def compare_field(
         approximate=any(e.approximate for e in (*measured_a, *measured_b)),
     )
     if diff is None:
-        entry.update(status=NO_CHANGE, change_pct=None, ci95_change_pct=None)
+        entry.update(status=NO_CHANGE, change_pct=None, ci_change_pct=None)
         entry.update(hidden_rule=HIDDEN_ZERO_MEAN, hidden_by="zero mean")
         return entry
     change = _pct(diff.log_ratio)
     finite = math.isfinite(diff.low) and math.isfinite(diff.high)
     entry.update(
         change_pct=change,
-        ci95_change_pct=[_pct(diff.low), _pct(diff.high)] if finite else None,
+        ci_change_pct=[_pct(diff.low), _pct(diff.high)] if finite else None,
         df=diff.df,
         between_runs=diff.between_runs,
         run_cv_pct=None if diff.run_cv is None else diff.run_cv * 100,
@@ -551,47 +557,45 @@ def _no_change_verdict(
 ) -> tuple[str, list[str]]:
     """EQUIVALENT only when the whole interval is inside the margin; else INCONCLUSIVE + why."""
     margin = options.equivalence_margin_pct
-    interval = step.get("ci95_change_pct")
+    interval = step.get("ci_change_pct")
     drift = step.get("drift_pct")
-    if interval is None:
-        return INCONCLUSIVE, ["step time has no interval (too few steps to estimate the noise)"]
-    inside = -margin <= interval[0] and interval[1] <= margin
     drifting = one_run_a_side and drift is not None and drift > margin
+    inside = interval is not None and -margin <= interval[0] and interval[1] <= margin
     if inside and not drifting:
         return EQUIVALENT, []
-    if step.get("hidden_rule") in _HIDDEN_BY_NOISE:
-        change = _fmt_pct(step.get("change_pct"))
-        if step["hidden_rule"] == HIDDEN_NOISE_FLOOR:
-            why = [f"step time {change} is within the {options.noise_floor_pct:g}% noise floor"]
+    why: list[str] = []
+    change = _fmt_pct(step.get("change_pct"))
+    if interval is None:
+        why.append("step time has no interval (too few steps to estimate the noise)")
+    elif step.get("hidden_rule") == HIDDEN_NOISE_FLOOR:
+        why.append(f"step time {change} is within the {options.noise_floor_pct:g}% noise floor")
+    elif step.get("hidden_rule") == HIDDEN_DRIFT:
+        why.append(
+            f"step time {change} is within the runs' own drift ({drift:.1f}%, first vs second half)"
+        )
+    elif not inside:
+        if step.get("between_runs"):
+            noise = f"run-to-run CV {step.get('run_cv_pct') or 0.0:.1f}%"
         else:
-            why = [
-                f"step time {change} is within the runs' own drift ({drift:.1f}%, first vs "
-                "second half)"
-            ]
-        if one_run_a_side:
-            why.append("run-to-run noise is unknown with one run a side: compare 3 runs a side")
-        return INCONCLUSIVE, why
-    if drifting:
-        return INCONCLUSIVE, [
-            f"the runs drift by {drift:.1f}% within themselves (first vs second half), more "
-            f"than the +-{margin:g}% margin"
-        ]
-    if step.get("between_runs"):
-        noise = f"run-to-run CV {step.get('run_cv_pct') or 0.0:.1f}%"
-    else:
-        cvs = [v for v in (step.get("a_cv_pct"), step.get("b_cv_pct")) if v is not None]
-        noise = f"step-time CV {max(cvs):.0f}%" if cvs else "step times vary"
-    return INCONCLUSIVE, [
-        f"runs too noisy: {noise}; 95% CI {_fmt_interval(interval)} exceeds the +-{margin:g}% "
-        "margin"
-    ]
+            cvs = [v for v in (step.get("a_cv_pct"), step.get("b_cv_pct")) if v is not None]
+            noise = f"step-time CV {max(cvs):.0f}%" if cvs else "step times vary"
+        why.append(
+            f"runs too noisy: {noise}; {CI_LABEL} {_fmt_interval(interval)} exceeds the "
+            f"+-{margin:g}% margin"
+        )
+    if drifting and step.get("hidden_rule") != HIDDEN_DRIFT:
+        why.append(f"the runs drift by up to {drift:.1f}% within themselves (first vs second half)")
+    if one_run_a_side:
+        why.append("run-to-run noise is unknown with one run a side: compare 3 runs a side")
+    return INCONCLUSIVE, why
 
 
 def _rules(options: CompareOptions, one_run_a_side: bool, runs_a: int, runs_b: int) -> list[str]:
     """Every rule that decides or hides a change, as printed on the Method line."""
     rules = [
         "one sample per job step (the slowest rank's step time; phases averaged over ranks)",
-        "95% CI of the ratio of mean times, on the log scale",
+        f"{CI_LABEL} (two-sided; one-sided 5% per claim) of the ratio of mean times, on the log "
+        "scale",
     ]
     if one_run_a_side:
         rules.append("within-run error from batch means (correlated steps), Welch t")
@@ -705,18 +709,18 @@ def render_comparison(result: dict[str, Any]) -> str:
     step = result["step"]
     verdict = result["verdict"]
     if verdict == INCONCLUSIVE:
-        ci = step.get("ci95_change_pct")
+        ci = step.get("ci_change_pct")
         detail = ""
         if step.get("change_pct") is not None:
             detail = f": step time {_fmt_pct(step['change_pct'])}" + (
-                f", 95% CI {_fmt_interval(ci)}" if ci else ""
+                f", {CI_LABEL} {_fmt_interval(ci)}" if ci else ""
             )
         lines.append(f"Verdict: INCONCLUSIVE{detail}")
         for reason in result["inconclusive_reasons"]:
             lines.append(f"  - {reason}")
     else:
-        ci = step.get("ci95_change_pct")
-        ci_text = f", 95% CI {_fmt_interval(ci)}" if ci else ""
+        ci = step.get("ci_change_pct")
+        ci_text = f", {CI_LABEL} {_fmt_interval(ci)}" if ci else ""
         lines.append(
             f"Verdict: {verdict}: step time {_fmt_pct(step.get('change_pct'))} "
             f"({_fmt_ms(step.get('a_mean_ms'))} ms -> {_fmt_ms(step.get('b_mean_ms'))} ms "
@@ -741,10 +745,11 @@ def render_comparison(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append("  Mean per job step (ms)")
     lines.append(
-        f"  {'Phase':<12}{'A':>9}{'B':>9}{'delta':>9}{'change':>9}{'95% CI of change':>20}  result"
+        f"  {'Phase':<12}{'A':>9}{'B':>9}{'delta':>9}{'change':>9}"
+        f"{CI_LABEL + ' of change':>20}  result"
     )
     for entry in result["fields"].values():
-        ci = entry.get("ci95_change_pct")
+        ci = entry.get("ci_change_pct")
         ci_text = _fmt_interval(ci) if ci else "-"
         status = entry["status"]
         if entry.get("hidden_by"):
@@ -774,7 +779,11 @@ def render_comparison(result: dict[str, Any]) -> str:
     for note in result["notes"]:
         lines.append(f"Note: {note}")
     # One line in the JSON; wrapped here so the text stays 100 columns wide.
-    lines.extend(textwrap.wrap(f"Method: {result['method']}.", 100, subsequent_indent="  "))
+    lines.extend(
+        textwrap.wrap(
+            f"Method: {result['method']}.", 100, subsequent_indent="  ", break_on_hyphens=False
+        )
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -108,12 +108,16 @@ def interpolate_distribution(distribution: Sequence[float], p: float) -> float:
 # ----------------------------------------------------------------------------------------------
 # Intervals for means of correlated series (traceml compare, issue 17)
 
-# Two-sided 95% quantiles of Student's t for 1..10 degrees of freedom. Below ~10 df the
-# Cornish-Fisher series used above that is off by more than 1%, and these few small-sample
-# cases (2 or 3 runs a side) are exactly where the interval matters most.
-_T975_SMALL_DF = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582,
-                  2.446912, 2.364624, 2.306004, 2.262157, 2.228139)  # fmt: skip
-Z975 = 1.959963984540054
+# Upper quantiles of Student's t for 1..10 degrees of freedom, for the two levels compare
+# uses. Below ~10 df the Cornish-Fisher series used above that is off by more than 1%, and
+# these small-sample cases (2 or 3 runs a side) are exactly where the interval matters most.
+_T_SMALL_DF: dict[float, tuple[float, ...]] = {
+    0.95: (6.313752, 2.919986, 2.353363, 2.131847, 2.015048,
+           1.943180, 1.894579, 1.859548, 1.833113, 1.812461),
+    0.975: (12.706205, 4.302653, 3.182446, 2.776445, 2.570582,
+            2.446912, 2.364624, 2.306004, 2.262157, 2.228139),
+}  # fmt: skip
+_Z = {0.95: 1.6448536269514722, 0.975: 1.959963984540054}  # standard normal quantiles
 
 # Batch means: at least this many batches (so the variance has some degrees of freedom), at
 # most this many (so each batch spans many autocorrelation times on long runs).
@@ -124,22 +128,22 @@ MAX_BATCHES = 30
 MIN_BATCH_STEPS = 10
 
 
-def t_quantile_975(df: float) -> float:
-    """The 97.5% quantile of Student's t with ``df`` (possibly fractional) degrees of freedom;
-    infinity below 1 df (no estimate of spread at all)."""
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (0.95 or 0.975) of Student's t with ``df`` (possibly fractional)
+    degrees of freedom; infinity below 1 df (no estimate of spread at all)."""
+    table = _T_SMALL_DF[p]
     if not df >= 1.0:  # also catches nan
         return math.inf
-    if df <= len(_T975_SMALL_DF):
+    if df <= len(table):
         low = math.floor(df)
         if low == df:
-            return _T975_SMALL_DF[low - 1]
+            return table[low - 1]
         # Interpolate in 1/df, in which the quantile is nearly linear.
-        t_low, t_high = _T975_SMALL_DF[low - 1], _T975_SMALL_DF[low]
         weight = (1.0 / low - 1.0 / df) / (1.0 / low - 1.0 / (low + 1))
-        return t_low + weight * (t_high - t_low)
+        return table[low - 1] + weight * (table[low] - table[low - 1])
+    z = _Z[p]
     if math.isinf(df):
-        return Z975
-    z = Z975
+        return z
     # Cornish-Fisher expansion of t in powers of 1/df (Abramowitz & Stegun 26.7.5).
     g1 = (z**3 + z) / 4
     g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96

@@ -10,7 +10,7 @@ from traceml.cli import main
 from traceml.compare import CompareOptions, compare, gate_exit_code, load_summary
 from traceml.finalize import summarise
 
-from rankfiles import synthetic_run
+from rankfiles import synthetic_run, write_run
 
 
 def make_summary(path, **kwargs):
@@ -175,3 +175,212 @@ def test_older_compatible_schema_is_read(tmp_path, monkeypatch):
 def test_a_run_directory_is_accepted_for_its_summary(tmp_path):
     path, _ = make_summary(tmp_path / "a", steps=20, **BASE)
     assert load_summary(path.parent)["run"] == orjson.loads(path.read_bytes())["run"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 17: the failures a new user met, as tests
+
+
+def busy_run(path, seed, steps=40):
+    """Steps that vary up to ~20x (a busy machine): mostly ~400 ms, now and then seconds."""
+    import random
+
+    rng = random.Random(seed)
+    phases = []
+    for _ in range(steps):
+        slow = rng.random() < 0.25
+        forward = 200.0 * (rng.uniform(4.0, 20.0) if slow else rng.uniform(0.8, 1.2))
+        phases.append({"forward": forward, "backward": 180.0, "h2d": 20.0 * rng.uniform(0.5, 3)})
+    write_run(path, [phases])
+    summary, _ = summarise(path)
+    return path / schema.SUMMARY_JSON, summary
+
+
+def test_busy_machine_pair_is_inconclusive_not_equivalent(tmp_path, capsys):
+    a, _ = busy_run(tmp_path / "a", seed=1)
+    b, _ = busy_run(tmp_path / "b", seed=2)
+    result = compare(load_summary(a), load_summary(b))
+    assert result["verdict"] == "INCONCLUSIVE"
+    reason = result["inconclusive_reasons"][0]
+    assert reason.startswith("runs too noisy: step-time CV ")
+    assert result["inconclusive_reasons"][-1].startswith("run-to-run noise is unknown")
+    for entry in result["fields"].values():
+        interval = entry.get("ci_change_pct")
+        if interval:
+            assert interval[0] > -100.0  # a ratio interval: a time cannot fall by >100%
+    assert main(["compare", str(a), str(b), "--fail-on-regression", "5"]) == 3
+    out = capsys.readouterr().out
+    assert "Verdict: INCONCLUSIVE" in out and "runs too noisy" in out
+
+
+@pytest.mark.parametrize(("ranks", "pairs"), [(8, 12), (32, 6)])
+def test_same_distribution_at_many_ranks_is_not_a_change(tmp_path, ranks, pairs):
+    # The issue's A/A case: 60 steps, 20% independent noise per rank. Pooling every rank's steps
+    # flagged 15/40 pairs at 8 ranks and 26/40 at 32. With the noise floor off, only the
+    # interval decides, and it must not exclude zero much more often than 5%.
+    options = CompareOptions(noise_floor_pct=0.0)
+    flagged = 0
+    for pair in range(pairs):
+        a, _ = make_summary(
+            tmp_path / f"a{pair}", steps=60, ranks=ranks, seed=pair, noise=0.2, **BASE
+        )
+        b, _ = make_summary(
+            tmp_path / f"b{pair}", steps=60, ranks=ranks, seed=500 + pair, noise=0.2, **BASE
+        )
+        result = compare(load_summary(a), load_summary(b), options)
+        flagged += result["step"]["significant"]
+        assert gate_exit_code(compare(load_summary(a), load_summary(b)), 5.0) != 1
+    assert flagged <= 1
+
+
+def two_level_run(path, seed, first, second, steps=2000):
+    """One rank whose steps take ``first`` ms in the first half of the run and ``second`` ms
+    in the second (the machine got slower half way: another job, a thermal limit), 3% noise."""
+    import random
+
+    rng = random.Random(seed)
+    phases = [
+        {"forward": (first if index < steps // 2 else second) * (1 + 0.03 * rng.gauss(0, 1))}
+        for index in range(steps)
+    ]
+    write_run(path, [phases])
+    summarise(path)
+    return path / schema.SUMMARY_JSON
+
+
+def test_a_change_smaller_than_the_runs_own_drift_is_not_called(tmp_path):
+    # Identical code; each run slows by 20% half way; B's run happened to be 10% slower.
+    # The interval alone (tight: 2000 steps) would call +10% a regression.
+    a = two_level_run(tmp_path / "a", 1, first=400.0, second=480.0)
+    b = two_level_run(tmp_path / "b", 2, first=440.0, second=528.0)
+    result = compare(load_summary(a), load_summary(b))
+    step = result["step"]
+    assert step["change_pct"] == pytest.approx(10.0, abs=1.0)
+    assert step["ci_change_pct"][0] > 0  # the interval excludes zero...
+    assert step["hidden_rule"] == "drift"  # ...but the runs drift by 20% within themselves
+    assert result["verdict"] == "INCONCLUSIVE"
+    first, second = result["inconclusive_reasons"]
+    assert first.startswith("step time +") and "within the runs' own drift (20." in first
+    assert second == "run-to-run noise is unknown with one run a side: compare 3 runs a side"
+    assert gate_exit_code(result, 5.0) == 3
+    # Without the drift, the same +10% is called.
+    steady_a = two_level_run(tmp_path / "c", 3, first=440.0, second=440.0)
+    steady_b = two_level_run(tmp_path / "d", 4, first=484.0, second=484.0)
+    assert compare(load_summary(steady_a), load_summary(steady_b))["verdict"] == "REGRESSION"
+
+
+def shifted_runs(tmp_path, name, factors, seed):
+    paths = []
+    for index, factor in enumerate(factors):
+        means = {key: value * factor for key, value in BASE.items()}
+        path, _ = make_summary(
+            tmp_path / f"{name}{index}", steps=60, seed=seed + index, noise=0.1, **means
+        )
+        paths.append(str(path))
+    return paths
+
+
+def test_three_runs_a_side_catch_30_percent_on_a_machine_whose_runs_differ_by_30(tmp_path, capsys):
+    # Identical code, runs up to ~30% apart; B is 30% slower than A.
+    side_a = shifted_runs(tmp_path, "a", [0.87, 1.0, 1.13], seed=10)
+    side_b = shifted_runs(tmp_path, "b", [1.3 * 1.1, 1.3 * 0.9, 1.3 * 1.02], seed=20)
+    code = main(["compare", *side_a, "--vs", *side_b, "--fail-on-regression", "5"])
+    out, err = capsys.readouterr()
+    assert code == 1, out
+    assert "Verdict: REGRESSION" in out
+    assert "Run-to-run noise: 3 + 3 runs" in out
+    assert "between-run spread of 3 + 3 runs" in out.replace("\n  ", " ")
+    assert "regressed +" in err
+    # The same single runs (A's middle run vs B's first) would be called at +43%: fine, but
+    # the interval from one run a side is far narrower than the truth.
+    narrow = compare(load_summary(side_a[1]), load_summary(side_b[0]))["step"]
+    wide = compare([load_summary(p) for p in side_a], [load_summary(p) for p in side_b])["step"]
+    width = narrow["ci_change_pct"][1] - narrow["ci_change_pct"][0]
+    assert wide["ci_change_pct"][1] - wide["ci_change_pct"][0] > 3 * width
+
+
+def test_two_identical_runs_a_side_pass_or_say_inconclusive(tmp_path, capsys):
+    side_a = shifted_runs(tmp_path, "a", [1.0, 1.1], seed=30)
+    side_b = shifted_runs(tmp_path, "b", [0.95, 1.08], seed=40)
+    code = main(["compare", *side_a, "--vs", *side_b, "--fail-on-regression", "5"])
+    out = capsys.readouterr().out
+    assert code in (0, 3)
+    assert "REGRESSION" not in out
+
+
+def test_compare_command_line_errors_are_one_line(tmp_path, capsys):
+    a, _ = make_summary(tmp_path / "a", steps=20, **BASE)
+    assert main(["compare", str(a), str(a), str(a)]) == 2
+    err = capsys.readouterr().err
+    assert "no --vs" in err and err.count("\n") == 1
+    assert main(["compare", str(a), str(a), "--noise-floor", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--noise-floor -1" in err and err.count("\n") == 1
+    assert main(["compare", str(a), "--vs", str(a), str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_setup_change_can_be_accepted(tmp_path):
+    a, _ = make_summary(tmp_path / "a", steps=100, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=100, ranks=2, seed=2, **BASE)
+    blocked = compare(load_summary(a), load_summary(b))
+    assert blocked["verdict"] == "INCONCLUSIVE"
+    assert "world size, device or timing-method changes: INCONCLUSIVE" in blocked["rules"]
+    accepted = compare(load_summary(a), load_summary(b), CompareOptions(allow_setup_change=True))
+    assert accepted["verdict"] == "EQUIVALENT"
+    assert accepted["notes"] == ["setup change accepted (--allow-setup-change): different "
+                                 "world sizes (1 vs 2)"]  # fmt: skip
+
+
+def test_runs_of_one_side_must_share_world_size(tmp_path):
+    one, _ = make_summary(tmp_path / "one", steps=50, seed=1, **BASE)
+    two, _ = make_summary(tmp_path / "two", steps=50, ranks=2, seed=2, **BASE)
+    result = compare([load_summary(one), load_summary(two)], [load_summary(one)] * 2)
+    assert "the A runs differ in world sizes (1, 2)" in result["inconclusive_reasons"]
+
+
+def test_every_hiding_rule_is_on_the_method_line(tmp_path, capsys):
+    a, _ = make_summary(tmp_path / "a", steps=200, seed=1, **{**BASE, "h2d": 0.5})
+    b, _ = make_summary(tmp_path / "b", steps=200, seed=2, **{**BASE, "h2d": 1.0})
+    result = compare(load_summary(a), load_summary(b))
+    # H2D doubled, but it is under 2% of the step: shown, not called.
+    assert result["fields"]["h2d_ms"]["hidden_rule"] == "material"
+    assert result["phases_that_moved"] == []
+    main(["compare", str(a), str(b)])
+    method = capsys.readouterr().out.split("Method: ")[1].replace("\n  ", " ")
+    for rule in (
+        "one sample per job step",
+        "5% noise floor",
+        "first-vs-second-half drift",
+        "changes under 1% and phases under 2% of the step are never called",
+        "EQUIVALENT only when the whole CI is within +-5%",
+        "world size, device or timing-method changes: INCONCLUSIVE",
+    ):
+        assert rule in method
+
+
+def test_older_summary_without_a_job_series_still_compares_with_a_note(tmp_path):
+    a, _ = make_summary(tmp_path / "a", steps=200, ranks=4, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=200, ranks=4, seed=2, **{**BASE, "input": 21})
+    old = load_summary(a)
+    del old[schema.SUMMARY_JOB_SERIES]
+    old[schema.SCHEMA] = "traceml.summary/1.0"
+    result = compare(old, load_summary(b))
+    assert result["verdict"] == "IMPROVEMENT"
+    assert result["step"]["approximate"] is True
+    assert result["a"]["job_steps"] == 198  # 4 ranks x 198 pooled steps count as 198
+    (note,) = result["notes"]
+    assert "intervals are approximate" in note
+
+
+def test_comm_wait_is_a_row_only_when_both_runs_have_it(tmp_path):
+    with_comm = {**BASE, "comm_backward": 10.0}
+    a, _ = make_summary(tmp_path / "a", steps=100, ranks=2, seed=1, **with_comm)
+    b, _ = make_summary(
+        tmp_path / "b", steps=100, ranks=2, seed=2, **{**with_comm, "comm_backward": 20.0}
+    )
+    plain, _ = make_summary(tmp_path / "c", steps=100, ranks=2, seed=3, **BASE)
+    result = compare(load_summary(a), load_summary(b))
+    assert result["fields"]["comm_ms"]["label"] == "Comm wait"
+    assert result["fields"]["comm_ms"]["change_pct"] == pytest.approx(100.0, abs=5)
+    assert "comm_ms" not in compare(load_summary(a), load_summary(plain))["fields"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from traceml import job_series, schema, stats
-from traceml.compare import CompareOptions, compare, difference
+from traceml.compare import CompareOptions, _pct, compare, difference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,19 +34,21 @@ calibration = _calibration()
 
 
 @pytest.mark.parametrize(
-    ("df", "expected"),
-    [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281), (11, 2.2010),
-     (15, 2.1314), (20, 2.0860), (30, 2.0423), (60, 2.0003), (120, 1.9799)],
+    ("df", "at_975", "at_95"),
+    [(1, 12.7062, 6.3138), (2, 4.3027, 2.9200), (3, 3.1824, 2.3534), (5, 2.5706, 2.0150),
+     (10, 2.2281, 1.8125), (11, 2.2010, 1.7959), (15, 2.1314, 1.7531), (20, 2.0860, 1.7247),
+     (30, 2.0423, 1.6973), (60, 2.0003, 1.6706), (120, 1.9799, 1.6577)],
 )  # fmt: skip
-def test_t_quantile_matches_the_table(df, expected):
-    assert stats.t_quantile_975(df) == pytest.approx(expected, abs=2e-4)
+def test_t_quantile_matches_the_table(df, at_975, at_95):
+    assert stats.t_quantile(0.975, df) == pytest.approx(at_975, abs=2e-4)
+    assert stats.t_quantile(0.95, df) == pytest.approx(at_95, abs=2e-4)
 
 
 def test_t_quantile_between_integers_and_without_df():
-    assert stats.t_quantile_975(2) > stats.t_quantile_975(2.5) > stats.t_quantile_975(3)
-    assert stats.t_quantile_975(0.5) == math.inf
-    assert stats.t_quantile_975(math.nan) == math.inf
-    assert stats.t_quantile_975(math.inf) == pytest.approx(1.96, abs=1e-3)
+    assert stats.t_quantile(0.975, 2) > stats.t_quantile(0.975, 2.5) > stats.t_quantile(0.975, 3)
+    assert stats.t_quantile(0.95, 0.5) == math.inf
+    assert stats.t_quantile(0.95, math.nan) == math.inf
+    assert stats.t_quantile(0.95, math.inf) == pytest.approx(1.645, abs=1e-3)
 
 
 def ar1(rng, n, rho, sd=1.0):
@@ -156,9 +158,13 @@ def test_interval_is_on_the_ratio_scale():
     slow = job_series.RunEstimate(100.0, 80.0, 5.0, 40, 40.0, 1.5, None, False)
     diff = difference([slow], [fast])
     assert math.exp(diff.log_ratio) == pytest.approx(0.1)
-    # Very noisy: the interval is wide, but a time cannot fall by more than 100%.
-    assert math.exp(diff.low) - 1 > -1.0
-    assert math.exp(diff.high) - 1 > 0
+    assert diff.log_ratio - diff.low == pytest.approx(diff.high - diff.log_ratio)
+    # Very noisy: a +-interval in % would reach below -100% (half-width > 1 in log units)...
+    assert diff.log_ratio - diff.low > 1.0
+    # ...but on the ratio scale the % change stays above -100%, and is asymmetric.
+    low, high = _pct(diff.low), _pct(diff.high)
+    assert -100.0 < low < -90.0 < high
+    assert (-90.0 - low) < (high + 90.0)
 
 
 def test_several_runs_use_the_spread_between_runs():
