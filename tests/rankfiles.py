@@ -48,7 +48,13 @@ def header(rank: int = 0, world_size: int = 1, **extra: Any) -> dict[str, Any]:
 
 
 def step(index: int, t_ms: float = 0.0, **phases: float | None) -> dict[str, Any]:
-    """A step record; unspecified phases are 0, ``None`` means unmeasured."""
+    """A step record; unspecified phases are 0, ``None`` means unmeasured.
+
+    ``comm_<phase>=ms`` (e.g. ``comm_backward=30``) marks the record as from a multi-rank run
+    with comm timing: the wait sits inside that phase; other comm fields are then 0.
+    ``gpu_<field>=ms`` (e.g. ``gpu_step=90``, ``gpu_comm=40``) sets CUDA-event fields."""
+    comm = {key[5:]: phases.pop(key) for key in list(phases) if key.startswith("comm_")}
+    gpu = {key: phases.pop(key) for key in list(phases) if key.startswith("gpu_")}
     record: dict[str, Any] = {
         schema.KIND: schema.KIND_STEP,
         schema.STEP_INDEX: index,
@@ -68,8 +74,16 @@ def step(index: int, t_ms: float = 0.0, **phases: float | None) -> dict[str, Any
         record[key] = value
         total += value or 0.0
     record[schema.STEP] = total
-    for key in schema.GPU_FIELDS:
+    for key in (*schema.GPU_FIELDS, *schema.GPU_COMM_FIELDS, *schema.COMM_FIELDS):
         record[key] = None
+    if comm:
+        for short, key in _PHASE_KEYS.items():
+            record[schema.COMM_OF_PHASE[key]] = comm.get(short, 0.0)
+        record[schema.COMM] = sum(comm.values())
+        record[schema.COMM_COUNT] = len(comm)
+        record[schema.COMM_BYTES] = 1024 * len(comm)
+    for key, value in gpu.items():
+        record[key + "_ms"] = value
     return record
 
 

@@ -182,8 +182,16 @@ def diagnose(
             )
         ]
 
-    shares = overall.get(schema.SHARES) or {}
+    shares = dict(overall.get(schema.SHARES) or {})
     means = {f: (phase_stats.get(f) or {}).get("mean") for f in schema.TIMED_FIELDS}
+    waits_known = shares.get(schema.OWN_OF_PHASE[schema.BACKWARD]) is not None
+    if waits_known:
+        # Time spent waiting on other ranks is the straggler's or the network's doing (the
+        # STRAGGLER and COMM_BOUND verdicts): phases are judged on their own time.
+        for phase in schema.PHASES:
+            own = schema.OWN_OF_PHASE[phase]
+            shares[phase] = shares.get(own)
+            means[phase] = (phase_stats.get(own) or {}).get("mean")
 
     def share_verdict(kind: str, phase: str, key: str, extra: str = "") -> None:
         share = shares.get(phase)
@@ -191,8 +199,9 @@ def diagnose(
         if severity is None:
             return
         name = schema.PHASE_LABELS[phase]
+        own = " (its own time, not counting waits on other ranks)" if waits_known else ""
         why = (
-            f"{name} took {_pct(share)} of step time "
+            f"{name} took {_pct(share)} of step time{own} "
             f"({means[phase]:.1f} ms of {means[schema.STEP]:.1f} ms per step){extra}."
         )
         verdicts.append(

@@ -337,6 +337,9 @@ def shares_from_sums(sums: dict[str, float]) -> dict[str, float | None]:
         shares[phase] = value / total if (value is not None and total) else None
     comm = sums.get(schema.COMM)
     shares[schema.COMM_SHARE] = comm / total if (comm is not None and total) else None
+    for own in schema.OWN_OF_PHASE.values():
+        value = sums.get(own)
+        shares[own] = value / total if (value is not None and total) else None
     gpu_comm, gpu_total = sums.get(schema.GPU_COMM), sums.get(schema.GPU_STEP)
     shares[schema.GPU_COMM_SHARE] = (
         gpu_comm / gpu_total if (gpu_comm is not None and gpu_total) else None

@@ -110,6 +110,7 @@ def render_text(summary: dict[str, Any]) -> str:
                     gpu_share = 1.0
                 row += _ms(gpu["mean"] if gpu else None) + _share(gpu_share, 10)
             lines.append(row.rstrip())
+        lines.extend(_comm_lines(phase_stats, shares))
         lines.append("")
         lines.extend(_throughput_lines(summary))
         lines.append("")
@@ -127,6 +128,32 @@ def render_text(summary: dict[str, Any]) -> str:
         lines.append("")
     lines.append(f"Summary: {summary.get(schema.SUMMARY_RUN_DIR, '.')}/{schema.SUMMARY_JSON}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _comm_lines(phase_stats: dict[str, Any], shares: dict[str, Any]) -> list[str]:
+    """The waits on other ranks, which sit inside the phases above (so not added again)."""
+    comm = phase_stats.get(schema.COMM)
+    if not comm:
+        return []
+    row = (
+        f"  {'Comm wait':<12}"
+        + _ms(comm["mean"])
+        + _ms(comm["median"])
+        + _ms(comm["p90"])
+        + _ms(comm["max"])
+        + _share(shares.get(schema.COMM_SHARE), 8)
+    )
+    gpu = phase_stats.get(schema.GPU_COMM)
+    if gpu:
+        row += _ms(gpu["mean"]) + _share(shares.get(schema.GPU_COMM_SHARE), 10)
+    where = [
+        f"{schema.PHASE_LABELS[phase]} {(phase_stats.get(fieldname) or {}).get('mean', 0.0):.1f}"
+        for phase, fieldname in schema.COMM_OF_PHASE.items()
+        if ((phase_stats.get(fieldname) or {}).get("mean") or 0.0) >= 0.05
+    ]
+    note = "  (waiting on other ranks, inside the phases above"
+    note += f": {', '.join(where)} ms)" if where else ")"
+    return [row.rstrip(), *_wrap(note.strip(), "  ")]
 
 
 def _throughput_lines(summary: dict[str, Any]) -> list[str]:
@@ -160,40 +187,64 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+_RANK_COLUMNS = {
+    schema.INPUT_WAIT: "Input",
+    schema.H2D: "H2D",
+    schema.FORWARD: "Fwd",
+    schema.BACKWARD: "Bwd",
+    schema.OPTIMIZER: "Opt",
+    schema.RESIDUAL: "Resid",
+    schema.STEP: "Step",
+}
+
+
 def _rank_lines(summary: dict[str, Any]) -> list[str]:
+    entries = summary.get(schema.SUMMARY_RANKS) or []
+    with_comm = any((e.get(schema.PHASE_STATS) or {}).get(schema.COMM) for e in entries)
+    columns = dict(_RANK_COLUMNS)
+    if with_comm:
+        # Own = step minus waits on other ranks: the rank with the most is the slowest.
+        columns[schema.COMM] = "Comm"
+        columns[schema.OWN_MS] = "Own"
+    width = 7 if with_comm else 8
+    nodes = {e.get(schema.NODE_RANK) for e in entries}
+    show_node = len(nodes) > 1 or not with_comm
     lines = ["Per rank (median ms per step)"]
-    short = {
-        schema.INPUT_WAIT: "Input",
-        schema.H2D: "H2D",
-        schema.FORWARD: "Fwd",
-        schema.BACKWARD: "Bwd",
-        schema.OPTIMIZER: "Opt",
-        schema.RESIDUAL: "Resid",
-        schema.STEP: "Step",
-    }
-    head = f"  {'Rank':<5}{'Node':<5}{'Steps':>6}"
-    for fieldname in schema.TIMED_FIELDS:
-        head += f"{short[fieldname]:>8}"
+    head = f"  {'Rank':<5}" + (f"{'Node':<5}" if show_node else "") + f"{'Steps':>6}"
+    for name in columns.values():
+        head += f"{name:>{width}}"
+    if with_comm:
+        head += f"{'Comm%':>{width}}"
     head += "  Status"
     lines.append(head)
     imbalance = summary.get(schema.SUMMARY_IMBALANCE) or {}
     slowest = imbalance.get(schema.SLOWEST_RANK)
-    for entry in summary.get(schema.SUMMARY_RANKS) or []:
+    for entry in entries:
         stats = entry.get(schema.PHASE_STATS) or {}
         node = entry.get(schema.NODE_RANK)
-        row = (
-            f"  {entry[schema.RANK]:<5}{'-' if node is None else node:<5}"
-            f"{entry.get(schema.SUMMARY_STEPS_ANALYSED, 0):>6}"
-        )
-        for fieldname in schema.TIMED_FIELDS:
+        row = f"  {entry[schema.RANK]:<5}"
+        if show_node:
+            row += f"{'-' if node is None else node:<5}"
+        row += f"{entry.get(schema.SUMMARY_STEPS_ANALYSED, 0):>6}"
+        for fieldname in columns:
             described = stats.get(fieldname)
-            row += _ms(described["median"] if described else None, 8)
+            row += _ms(described["median"] if described else None, width)
+        if with_comm:
+            row += _share((entry.get(schema.SHARES) or {}).get(schema.COMM_SHARE), width)
         status = entry.get(schema.STATUS) or "no footer"
-        if slowest == entry[schema.RANK] and len(summary.get(schema.SUMMARY_RANKS) or []) > 1:
+        if slowest == entry[schema.RANK] and len(entries) > 1:
             status += " (slowest)"
         lines.append(f"{row}  {status}")
     for rank in summary.get(schema.SUMMARY_RANKS_MISSING) or []:
-        lines.append(f"  {rank:<5}{'-':<5}{'-':>6}  missing")
+        lines.append(f"  {rank:<5}" + (f"{'-':<5}" if show_node else "") + f"{'-':>6}  missing")
+    if with_comm:
+        lines.extend(
+            _wrap(
+                "Comm: time blocked waiting on other ranks (inside the phases); Own: step minus "
+                "Comm; (slowest): the rank with the most own time",
+                "  ",
+            )
+        )
     return lines
 
 
@@ -240,6 +291,7 @@ def render_html(summary: dict[str, Any]) -> str:
             f"<p><b>Next:</b> {esc(verdict['next'])}</p></div>"
         )
     parts.append(_html_table(summary))
+    parts.append(_html_rank_table(summary))
     parts.append("<h2>Step time per rank, stacked by phase</h2>")
     parts.append(
         '<p class="legend">'
@@ -292,6 +344,32 @@ def _html_table(summary: dict[str, Any]) -> str:
             f"<tr><td>{html.escape(schema.PHASE_LABELS[fieldname])}</td>"
             + "".join(f"<td>{c}</td>" for c in cells)
             + f"<td>{_share(share).strip()}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _html_rank_table(summary: dict[str, Any]) -> str:
+    entries = summary.get(schema.SUMMARY_RANKS) or []
+    if len(entries) < 2:
+        return ""
+    slowest = (summary.get(schema.SUMMARY_IMBALANCE) or {}).get(schema.SLOWEST_RANK)
+    fields = [schema.STEP, schema.COMM, schema.OWN_MS]
+    rows = [
+        "<h2>Per rank</h2><table><tr><th>Rank</th><th>median step ms</th>"
+        "<th>median comm wait ms</th><th>median own ms</th><th>comm share</th><th>status</th></tr>"
+    ]
+    for entry in entries:
+        stats = entry.get(schema.PHASE_STATS) or {}
+        cells = [_ms((stats.get(f) or {}).get("median")).strip() for f in fields]
+        share = _share((entry.get(schema.SHARES) or {}).get(schema.COMM_SHARE)).strip()
+        status = str(entry.get(schema.STATUS) or "no footer")
+        if entry.get(schema.RANK) == slowest:
+            status += " (slowest)"
+        rows.append(
+            f"<tr><td>{html.escape(str(entry.get(schema.RANK)))}</td>"
+            + "".join(f"<td>{c}</td>" for c in cells)
+            + f"<td>{share}</td><td>{html.escape(status)}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)

@@ -58,7 +58,13 @@ COLLECTIVES: tuple[str, ...] = (
     "broadcast_object_list",
     "gather_object",
     "scatter_object_list",
+    # DDP's forward broadcasts the module's buffers from rank 0 every step
+    # (broadcast_buffers=True, nn/parallel/distributed.py: _distributed_broadcast_coalesced
+    # calls dist._broadcast_coalesced); rank 0 waits there for the others.
+    "_broadcast_coalesced",
 )
+# Where the tensors are when the first argument is not them.
+_PAYLOAD_ARGUMENT = {"_broadcast_coalesced": 1}
 _WRAPPED = "_traceml_timed_collective"
 
 
@@ -71,11 +77,11 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-def payload_bytes(args: tuple, kwargs: dict) -> int:
+def payload_bytes(args: tuple, kwargs: dict, position: int = 0) -> int:
     """The tensor payload of a collective: its first argument (the tensor or tensor list it
     reduces, gathers into or broadcasts); 0 for barriers and object collectives."""
-    if args:
-        return _tensor_bytes(args[0])
+    if len(args) > position:
+        return _tensor_bytes(args[position])
     for key in ("tensor", "output_tensor", "output", "tensor_list", "output_tensor_list"):
         if key in kwargs:
             return _tensor_bytes(kwargs[key])
@@ -112,7 +118,7 @@ class CommTimer:
             original = getattr(dist_module, name, None)
             if original is None or getattr(original, _WRAPPED, False):
                 continue
-            wrapper = self._collective_wrapper(original)
+            wrapper = self._collective_wrapper(original, _PAYLOAD_ARGUMENT.get(name, 0))
             setattr(dist_module, name, wrapper)
 
             def restore(name: str = name, original: Any = original, wrapper: Any = wrapper) -> None:
@@ -197,7 +203,9 @@ class CommTimer:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def _collective_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _collective_wrapper(
+        self, original: Callable[..., Any], payload_position: int = 0
+    ) -> Callable[..., Any]:
         timer = self
 
         @functools.wraps(original)
@@ -205,7 +213,7 @@ class CommTimer:
             token = None
             if timer.active and not timer._depth:
                 try:
-                    token = timer._collective_started(args, kwargs)
+                    token = timer._collective_started(args, kwargs, payload_position)
                 except Exception as exc:
                     timer._fail("collective timing", exc)
             if token is None:
@@ -224,11 +232,11 @@ class CommTimer:
         setattr(timed_collective, _WRAPPED, True)
         return timed_collective
 
-    def _collective_started(self, args: tuple, kwargs: dict) -> tuple | None:
+    def _collective_started(self, args: tuple, kwargs: dict, position: int) -> tuple | None:
         phase = self.clock.current_phase()
         if phase is None:
             return None  # outside a training step (validation, set-up): not ours to time
-        nbytes = payload_bytes(args, kwargs)
+        nbytes = payload_bytes(args, kwargs, position)
         start_event = self.gpu.mark() if self.gpu is not None else None
         return phase, nbytes, start_event, self._now()
 

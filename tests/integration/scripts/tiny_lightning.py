@@ -37,6 +37,16 @@ OPTIMIZER_SLEEP = env_ms("TINY_OPTIMIZER_SLEEP_MS")
 STEP_SLEEP = env_ms("TINY_STEP_SLEEP_MS")
 RAISE_AFTER = env_int("TINY_RAISE_AFTER", -1)
 SLOW_RANK = env_int("TINY_SLOW_RANK", -1)
+# Where the slow rank's TINY_SLOW_RANK_EXTRA_MS goes: fetch (default), forward or backward.
+SLOW_WHERE = os.environ.get("TINY_SLOW_WHERE", "fetch")
+# Every rank: a DDP communication hook that sleeps this long per bucket, then all-reduces.
+COMM_DELAY = env_ms("TINY_COMM_DELAY_MS")
+
+
+def slow_here(where: str) -> float:
+    if SLOW_RANK >= 0 and where == SLOW_WHERE and int(os.environ.get("RANK", "0")) == SLOW_RANK:
+        return env_ms("TINY_SLOW_RANK_EXTRA_MS")
+    return 0.0
 
 
 class Batches(Dataset):
@@ -49,9 +59,7 @@ class Batches(Dataset):
         return self.count
 
     def __getitem__(self, index: int):
-        sleep = self.sleep
-        if SLOW_RANK >= 0 and int(os.environ.get("RANK", "0")) == SLOW_RANK:
-            sleep += env_ms("TINY_SLOW_RANK_EXTRA_MS")
+        sleep = self.sleep + slow_here("fetch")
         if sleep:
             time.sleep(sleep)
         generator = torch.Generator().manual_seed(index)
@@ -66,9 +74,14 @@ class Net(torch.nn.Module):
         )
 
     def forward(self, x):
-        if FORWARD_SLEEP:
-            time.sleep(FORWARD_SLEEP)
-        return self.layers(x)
+        extra = slow_here("forward") if torch.is_grad_enabled() else 0.0
+        if FORWARD_SLEEP or extra:
+            time.sleep(FORWARD_SLEEP + extra)
+        out = self.layers(x)
+        backward_extra = slow_here("backward")
+        if backward_extra and out.requires_grad:
+            out.register_hook(lambda grad: (time.sleep(backward_extra), grad)[1])
+        return out
 
 
 class Module(pl.LightningModule):
@@ -112,6 +125,25 @@ class SleepySGD(torch.optim.SGD):
         return loss
 
 
+def install_slow_comm_hook() -> None:
+    """Register a sleeping all-reduce hook on every DDP model built from now on (the user's
+    own hook, as far as traceml is concerned)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    def slow_network(state, bucket):
+        time.sleep(COMM_DELAY)
+        return allreduce_hook(state, bucket)
+
+    original_init = DistributedDataParallel.__init__
+
+    def init_with_hook(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.register_comm_hook(None, slow_network)
+
+    DistributedDataParallel.__init__ = init_with_hook
+
+
 def main() -> int:
     torch.set_num_threads(1)
     if os.environ.get("TINY_INIT"):
@@ -124,6 +156,8 @@ def main() -> int:
     if world > 1:
         local = env_int("LOCAL_WORLD_SIZE", world)
         layout = {"devices": local, "num_nodes": world // local, "strategy": "ddp"}
+    if COMM_DELAY:
+        install_slow_comm_hook()
     validate = env_int("TINY_VALIDATE", 1)
     trainer = pl.Trainer(
         max_epochs=env_int("TINY_EPOCHS", 1),
