@@ -16,6 +16,22 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON_BIN" -m venv "$VENV"
 fi
 
+# System tools some tests drive (tmux: the live view in a real terminal). Installed once, as
+# root, from the distribution's packages; elsewhere those tests skip with a reason.
+need=()
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing ${need[*]} (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${need[@]}" >/dev/null 2>&1; } \
+      || echo "==> could not install ${need[*]}: the tests that need them will be skipped"
+  else
+    echo "==> ${need[*]} missing and not root: the tests that need them will be skipped"
+  fi
+fi
+
 stamp="$VENV/.traceml-installed"
 # The start-up files are copied into site-packages at install time: a change means reinstall.
 want=$(cat pyproject.toml scripts/env.sh traceml_bootstrap.* | sha256sum | cut -d' ' -f1)

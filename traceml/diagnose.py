@@ -262,18 +262,26 @@ def diagnose(
         v["severity"] in ("warn", "critical") or v["kind"] == COMPUTE_BOUND for v in verdicts
     ):
         largest = max(
-            (p for p in schema.PHASES if shares.get(p) is not None), key=lambda p: shares[p]
+            (p for p in schema.PHASES if shares.get(p) is not None),
+            key=lambda p: shares[p],
+            default=None,
         )
+        if largest is None:  # steps of zero length: no share to speak of
+            why = "No phase dominates: the recorded steps took no measurable time."
+        else:
+            why = (
+                f"No phase dominates: the largest, {schema.PHASE_LABELS[largest]}, took "
+                f"{_pct(shares[largest])} of step time."
+            )
         verdicts.append(
             _verdict(
                 NO_CLEAR_BOTTLENECK,
                 "info",
-                f"No phase dominates: the largest, {schema.PHASE_LABELS[largest]}, took "
-                f"{_pct(shares[largest])} of step time.",
+                why,
                 _NEXT[NO_CLEAR_BOTTLENECK],
                 0.0,
                 largest_phase=largest,
-                largest_share=shares[largest],
+                largest_share=shares[largest] if largest else None,
             )
         )
 

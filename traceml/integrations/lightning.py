@@ -457,6 +457,10 @@ class StepTimingMixin:
         self._write_header(trainer, pl_module)
         for note in self.notes:
             self._write_event(note.get("level", "info"), note["code"], note["message"])
+        if self.rank_info[schema.RANK] == 0 and not self.settings.launcher_managed:
+            from traceml.live import announce_direct_launch
+
+            announce_direct_launch(self.settings.run_dir)  # the launcher prints its own
         self.state = "tracing"
         self._install_instruments(trainer, pl_module, fetcher)
 
