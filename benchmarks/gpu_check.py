@@ -81,10 +81,12 @@ def child(args: argparse.Namespace) -> int:
 
         LWDETR.forward = forward
 
-        def after_step(optimizer, *_):
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def after_step(optimizer, args, kwargs):
             torch.cuda._sleep(cycles)
 
-        torch.optim.Optimizer.register_step_post_hook(after_step)  # every optimizer, global
+        register_optimizer_step_post_hook(after_step)  # every optimizer's step
 
     loop_timer.install("pytorch_lightning")
     work = Path(args.workdir)
