@@ -137,10 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threshold_option(watch)
 
     compare = commands.add_parser(
-        "compare", help="compare two runs' final_summary.json (for people and for CI)"
+        "compare",
+        help="compare runs' final_summary.json, before vs after a change (for people and CI)",
+        description=(
+            "traceml compare A B, or with several runs a side: traceml compare A1 A2 A3 --vs "
+            "B1 B2 B3 (then run-to-run noise is measured, not assumed). Each is a "
+            "final_summary.json or its run directory."
+        ),
     )
-    compare.add_argument("baseline", help="A: the run before the change")
-    compare.add_argument("candidate", help="B: the run after the change")
+    compare.add_argument(
+        "runs", nargs="+", metavar="RUN", help="A then B; or, with --vs, all the A runs"
+    )
+    compare.add_argument(
+        "--vs", nargs="+", metavar="RUN", help="the B runs (after the change); put it last"
+    )
     compare.add_argument(
         "--output",
         help="write <OUTPUT>.json and <OUTPUT>.txt (parent dirs are created; existing files "
@@ -153,7 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when step time got significantly slower by more than PCT %%; "
         "exit 3 when the comparison is inconclusive",
     )
-    compare.add_argument("--force", action="store_true", help="overwrite existing --output files")
+    compare.add_argument(
+        "--noise-floor",
+        type=float,
+        default=5.0,
+        metavar="PCT",
+        help="one run a side: smallest change called real, since run-to-run noise is unknown (5)",
+    )
+    compare.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=5.0,
+        metavar="PCT",
+        help="EQUIVALENT only when the whole 90%% interval lies within +-PCT %% (5)",
+    )
+    compare.add_argument(
+        "--allow-setup-change",
+        action="store_true",
+        help="compare across a world-size, device or timing-method change (else INCONCLUSIVE)",
+    )
     return parser
 
 
