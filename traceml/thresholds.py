@@ -7,6 +7,10 @@ Shares are fractions of median step time. Every entry can be overridden without 
 
 from __future__ import annotations
 
+from traceml.errors import ThresholdError
+
+__all__ = ["THRESHOLDS", "ThresholdError", "parse_threshold_override", "resolve_thresholds"]
+
 # typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
 TYPE_CHECKING = False
 
@@ -42,6 +46,9 @@ THRESHOLDS: dict[str, float] = {
     # (collectives, DDP's gradient buckets): COMM_BOUND.
     "comm_warn": 0.25,
     "comm_critical": 0.50,
+    # Step time p90 over its median at or above which the report adds a caveat: steps vary
+    # so much that the shares (sums over all steps) mostly describe the slow ones.
+    "noisy_steps": 2.0,
     # Peak reserved device memory over device capacity: MEMORY_PRESSURE.
     "memory_warn": 0.90,
     "memory_critical": 0.97,
@@ -49,10 +56,6 @@ THRESHOLDS: dict[str, float] = {
 
 # Entries that count steps rather than measure a ratio.
 INTEGER_THRESHOLDS = frozenset({"warmup_steps", "min_steps"})
-
-
-class ThresholdError(ValueError):
-    """An override names an unknown threshold or gives a value that is not a number."""
 
 
 def parse_threshold_override(name: str, raw: str) -> tuple[str, float]:
