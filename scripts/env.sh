@@ -16,10 +16,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON_BIN" -m venv "$VENV"
 fi
 
-# System tools some tests drive (tmux: the live view in a real terminal). Installed once, as
-# root, from the distribution's packages; elsewhere those tests skip with a reason.
+# System tools some tests drive (tmux: the live view in a real terminal; chromium: report.html
+# in a real headless browser). Installed once, as root, from the distribution's packages;
+# elsewhere those tests skip with a reason.
 need=()
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+  || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "==> installing ${need[*]} (apt)"

@@ -7,7 +7,6 @@ warning line for bad settings, no stray start-up errors after uninstall or with 
 from __future__ import annotations
 
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -134,7 +133,3 @@ def test_uninstall_removes_the_startup_hook(installed, tmp_path):
     assert not names & {"traceml_bootstrap.pth", "traceml_bootstrap.start", "traceml_bootstrap.py"}
     after = sh([python_in(installed), "-c", "print('ok')"], clean_env(TRACEML="1"), tmp_path)
     assert (after.returncode, after.stdout, after.stderr) == (0, "ok\n", "")
-
-
-def test_python_version_of_the_suite():
-    assert sys.version_info >= (3, 10)

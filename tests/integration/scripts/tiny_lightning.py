@@ -34,6 +34,10 @@ BATCHES = env_int("TINY_BATCHES", 12)
 FETCH_SLEEP = env_ms("TINY_FETCH_SLEEP_MS")
 FORWARD_SLEEP = env_ms("TINY_FORWARD_SLEEP_MS")
 OPTIMIZER_SLEEP = env_ms("TINY_OPTIMIZER_SLEEP_MS")
+# Every rank: this long more in backward (a gradient hook on the output) and in the batch
+# transfer (on_after_batch_transfer, which traceml counts as H2D).
+BACKWARD_SLEEP = env_ms("TINY_BACKWARD_SLEEP_MS")
+TRANSFER_SLEEP = env_ms("TINY_TRANSFER_SLEEP_MS")
 STEP_SLEEP = env_ms("TINY_STEP_SLEEP_MS")
 RAISE_AFTER = env_int("TINY_RAISE_AFTER", -1)
 SLOW_RANK = env_int("TINY_SLOW_RANK", -1)
@@ -78,7 +82,7 @@ class Net(torch.nn.Module):
         if FORWARD_SLEEP or extra:
             time.sleep(FORWARD_SLEEP + extra)
         out = self.layers(x)
-        backward_extra = slow_here("backward")
+        backward_extra = BACKWARD_SLEEP + slow_here("backward")
         if backward_extra and out.requires_grad:
             out.register_hook(lambda grad: (time.sleep(backward_extra), grad)[1])
         return out
@@ -106,6 +110,11 @@ class Module(pl.LightningModule):
             self.manual_backward(loss)
             optimizer.step()
         return loss
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        if TRANSFER_SLEEP and self.trainer.training:
+            time.sleep(TRANSFER_SLEEP)
+        return batch
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
