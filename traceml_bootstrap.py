@@ -7,12 +7,22 @@ same thing: nothing at all unless ``TRACEML`` asks for tracing.
 
 import os
 
-_OFF_VALUES = ("", "0", "false", "no", "off")
+# The one "is tracing off?" rule: TRACEML unset, empty or one of these (any case, spaces
+# ignored). traceml.settings reads its yes/no values from here; the .pth line cannot import
+# anything before deciding, so it spells the same tuple out, and tests/unit/test_off_rule.py
+# checks that the two agree.
+OFF_VALUES = ("", "0", "false", "no", "off")
+
+
+def tracing_requested(environ: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
+    """Whether ``TRACEML`` asks for tracing."""
+    env = os.environ if environ is None else environ
+    return env.get("TRACEML", "").strip().lower() not in OFF_VALUES
 
 
 def start() -> None:
     """Activate traceml when ``TRACEML`` is set; never raise into interpreter start-up."""
-    if os.environ.get("TRACEML", "").strip().lower() in _OFF_VALUES:
+    if not tracing_requested():
         return
     import sys
 
