@@ -61,6 +61,10 @@ class _Microbatch:
     backward_open: bool = False
     in_h2d: bool = False
     optimizer_start_ns: int | None = None
+    # Forward/backward time inside the optimizer window: an optimizer whose step runs the
+    # closure again (LBFGS) re-evaluates the model there; that is Forward/Backward, not
+    # Optimizer, and is taken out of the optimizer window.
+    nested_ns: int = 0
 
 
 @dataclass
@@ -81,6 +85,11 @@ class StepClock:
     @property
     def in_microbatch(self) -> bool:
         return self._micro is not None
+
+    @property
+    def in_step(self) -> bool:
+        """A step (accumulation window) is open: its first microbatch has been fetched."""
+        return self._group is not None
 
     def iterator_created(self, start_ns: int, end_ns: int) -> None:
         """An epoch's DataLoader iterator was created (workers start, maybe a first fetch).
@@ -116,7 +125,9 @@ class StepClock:
 
     def forward_started(self, now_ns: int) -> None:
         micro = self._micro
-        if micro is None or micro.backward_start_ns is not None:
+        # A forward run by autograd during backward (activation checkpointing recomputes
+        # segments) belongs to Backward.
+        if micro is None or micro.backward_open:
             return
         if micro.forward_depth == 0:
             micro.forward_start_ns = now_ns
@@ -128,7 +139,10 @@ class StepClock:
             return
         micro.forward_depth -= 1
         if micro.forward_depth == 0:
-            group.forward_ns = (group.forward_ns or 0) + (now_ns - micro.forward_start_ns)
+            elapsed = now_ns - micro.forward_start_ns
+            group.forward_ns = (group.forward_ns or 0) + elapsed
+            if micro.optimizer_start_ns is not None:
+                micro.nested_ns += elapsed
 
     def backward_started(self, now_ns: int) -> None:
         if self._micro is not None:
@@ -139,11 +153,17 @@ class StepClock:
         micro, group = self._micro, self._group
         if micro is None or group is None or micro.backward_start_ns is None:
             return
+        if not micro.backward_open:
+            return
         micro.backward_open = False
-        group.backward_ns = (group.backward_ns or 0) + (now_ns - micro.backward_start_ns)
+        elapsed = now_ns - micro.backward_start_ns
+        group.backward_ns = (group.backward_ns or 0) + elapsed
+        if micro.optimizer_start_ns is not None:
+            micro.nested_ns += elapsed
 
     def optimizer_started(self, now_ns: int) -> None:
-        if self._micro is not None:
+        # Once per microbatch: a closure re-run inside the step (LBFGS) calls the hook again.
+        if self._micro is not None and self._micro.optimizer_start_ns is None:
             self._micro.optimizer_start_ns = now_ns
 
     def current_phase(self) -> str | None:
@@ -184,7 +204,8 @@ class StepClock:
         group.microbatches += 1
         if micro.optimizer_start_ns is None:
             return None
-        group.optimizer_ns = (group.optimizer_ns or 0) + (now_ns - micro.optimizer_start_ns)
+        window = now_ns - micro.optimizer_start_ns - micro.nested_ns
+        group.optimizer_ns = (group.optimizer_ns or 0) + max(0, window)
         return self._close(now_ns, optimizer_stepped=True, **context)
 
     def epoch_ended(self, now_ns: int, **context: Any) -> dict[str, Any] | None:
@@ -238,6 +259,7 @@ class StepClock:
             schema.OPTIMIZER: ns_to_ms(group.optimizer_ns),
             schema.RESIDUAL: ns_to_ms(residual_ns),
             schema.RSS: None,
+            schema.TRACEML_COST_US: None,
         }
         record.update(DEVICE_FIELDS_UNMEASURED)
         if self.comm_enabled:

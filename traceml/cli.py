@@ -1,7 +1,8 @@
 """Command line: ``traceml run``, ``traceml report``, ``traceml watch``, ``traceml compare``.
 
-Argument parsing only; the work is in launch / finalize / compare. Errors a user can fix are
-one line on stderr and exit code 2, never a traceback.
+Argument parsing only; the work is in launch / finalize / compare. Errors a user can fix
+(:mod:`traceml.errors`) are raised below and turned into one line on stderr and their exit
+code here, in :func:`main`, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from traceml._version import __version__
+from traceml.errors import EXIT_USAGE, UsageError, UserError
 
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; printed as one line, exit code 2."""
+__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 def _threshold_overrides(items: Sequence[str] | None) -> dict[str, float]:
@@ -45,14 +44,8 @@ def _add_threshold_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="traceml",
-        description="Why is my training slow, and did my change make it faster?",
-    )
-    parser.add_argument("--version", action="version", version=f"traceml {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_run(commands: Any) -> None:
+    """``traceml run SCRIPT [options] [--args ...]``."""
     run = commands.add_parser(
         "run",
         help="run a training script traced, then print the diagnosis",
@@ -101,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="everything after --args goes to the script verbatim (put it last)",
     )
 
+
+def _add_report(commands: Any) -> None:
+    """``traceml report RUN_DIR``."""
     report = commands.add_parser(
         "report", help="(re)build the summary and report of a run directory"
     )
@@ -116,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_threshold_option(report)
 
+
+def _add_watch(commands: Any) -> None:
+    """``traceml watch RUN_DIR``."""
     watch = commands.add_parser(
         "watch",
         help="follow a run in progress (any launch) until its ranks finish",
@@ -135,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", metavar="FILE", help="keep FILE, a self-refreshing report.html, up to date"
     )
     _add_threshold_option(watch)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="traceml",
+        description="Why is my training slow, and did my change make it faster?",
+    )
+    parser.add_argument("--version", action="version", version=f"traceml {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _add_run(commands)
+    _add_report(commands)
+    _add_watch(commands)
 
     compare = commands.add_parser(
         "compare",
@@ -207,9 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from traceml.compare import compare_command
 
             return compare_command(args)
-    except UsageError as exc:
+    except UserError as exc:
+        # The one place user errors become a line and an exit code (traceml/errors.py).
         print(f"traceml: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
 
@@ -227,20 +240,13 @@ def _report(args: argparse.Namespace) -> int:
     import orjson
 
     from traceml.finalize import summarise
-    from traceml.reduce import ReduceError
 
     thresholds = _threshold_overrides(args.threshold)
     run_dir = Path(args.run_dir)
-    try:
-        summary, text = summarise(
-            run_dir, thresholds=thresholds, html=args.html, jobs=max(1, args.jobs)
-        )
-    except ReduceError as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write the summary into {run_dir}: {exc.strerror or exc}"
-        ) from None
+    # ReduceError (nothing to summarise) and OutputError (cannot write) reach main().
+    summary, text = summarise(
+        run_dir, thresholds=thresholds, html=args.html, jobs=max(1, args.jobs)
+    )
     if args.json:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:

@@ -6,8 +6,10 @@ completed (``Event.query()``), so the hot path never calls ``synchronize()``. A 
 waits in a short queue until then; at the end of training the queue is drained (one
 synchronize, outside the measured steps).
 
-Peak memory comes from the caching allocator's counters, which it keeps on the host: reset at
-step start, read at step end, no device sync either.
+Peak memory comes from the caching allocator's counters, which it keeps on the host, read at
+step end with no device sync. traceml never resets them (``reset_peak_memory_stats`` would
+overwrite what the user's own code reads from ``max_memory_allocated()``): the per-step figure
+is the peak so far, which only grows; a step that raised it is a step that set a new peak.
 
 Everything that touches torch is passed in (event factory, memory functions) so the queue
 logic is tested on CPU with fake events.
@@ -61,6 +63,10 @@ class CudaStepTimer:
     # Distributed runs: device time of waits on other ranks, by phase (see add_comm).
     comm_enabled: bool = False
     _comm: dict[str, list[tuple[EventLike, EventLike]]] = field(default_factory=dict)
+    # Steps whose events could not be read at the end (a sticky CUDA error): written with
+    # their host times only.
+    unreadable: int = 0
+    unreadable_reason: str | None = None
 
     def _event(self) -> EventLike:
         event = self._free.pop() if self._free else self.new_event()
@@ -133,11 +139,22 @@ class CudaStepTimer:
             yield self._finish(self._pending.popleft())
 
     def drain(self) -> Iterator[dict[str, Any]]:
-        """All queued records, waiting for the device (end of training only)."""
+        """All queued records, waiting for the device (end of training only).
+
+        After a device error (a device-side assert makes every CUDA call fail from then on)
+        the events cannot be read: those records come out with their host times and null
+        device fields, never lost."""
         while self._pending:
             pending = self._pending.popleft()
-            pending.end.synchronize()
-            yield self._finish(pending)
+            if self.unreadable_reason is None:
+                try:
+                    pending.end.synchronize()
+                    yield self._finish(pending)
+                    continue
+                except Exception as exc:
+                    self.unreadable_reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            self.unreadable += 1
+            yield pending.record
 
     @property
     def queued(self) -> int:
@@ -180,7 +197,7 @@ def cuda_step_timer(device: Any) -> CudaStepTimer:
 
     return CudaStepTimer(
         new_event=new_event,
-        reset_peak=lambda: torch.cuda.reset_peak_memory_stats(device),
+        reset_peak=None,  # never reset the user's counters (see the module docstring)
         peak_allocated=lambda: torch.cuda.max_memory_allocated(device),
         peak_reserved=lambda: torch.cuda.max_memory_reserved(device),
     )

@@ -13,19 +13,23 @@ from typing import Any
 from traceml import schema, stats
 from traceml.thresholds import resolve_thresholds
 
-INPUT_BOUND = "INPUT_BOUND"
-H2D_BOUND = "H2D_BOUND"
-COMPUTE_BOUND = "COMPUTE_BOUND"
-OPTIMIZER_HEAVY = "OPTIMIZER_HEAVY"
-RESIDUAL_HEAVY = "RESIDUAL_HEAVY"
-STRAGGLER = "STRAGGLER"
-COMM_BOUND = "COMM_BOUND"
-MEMORY_PRESSURE = "MEMORY_PRESSURE"
-INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
-NO_CLEAR_BOTTLENECK = "NO_CLEAR_BOTTLENECK"
-NOT_TRACED = "NOT_TRACED"
+# The kinds and severities are schema constants; these names are kept for readers' convenience.
+INPUT_BOUND = schema.VERDICT_INPUT_BOUND
+H2D_BOUND = schema.VERDICT_H2D_BOUND
+COMPUTE_BOUND = schema.VERDICT_COMPUTE_BOUND
+OPTIMIZER_HEAVY = schema.VERDICT_OPTIMIZER_HEAVY
+RESIDUAL_HEAVY = schema.VERDICT_RESIDUAL_HEAVY
+STRAGGLER = schema.VERDICT_STRAGGLER
+COMM_BOUND = schema.VERDICT_COMM_BOUND
+MEMORY_PRESSURE = schema.VERDICT_MEMORY_PRESSURE
+INSUFFICIENT_DATA = schema.VERDICT_INSUFFICIENT_DATA
+NO_CLEAR_BOTTLENECK = schema.VERDICT_NO_CLEAR_BOTTLENECK
+NOT_TRACED = schema.VERDICT_NOT_TRACED
 
-SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
+CRITICAL = schema.SEVERITY_CRITICAL
+WARN = schema.SEVERITY_WARN
+INFO = schema.SEVERITY_INFO
+SEVERITY_ORDER = {severity: order for order, severity in enumerate(schema.SEVERITIES)}
 
 _NEXT = {
     INPUT_BOUND: (
@@ -90,11 +94,11 @@ def _verdict(
     kind: str, severity: str, why: str, next_step: str, weight: float, **evidence: Any
 ) -> dict[str, Any]:
     return {
-        "kind": kind,
-        "severity": severity,
-        "why": why,
-        "next": next_step,
-        "evidence": evidence,
+        schema.VERDICT_KIND: kind,
+        schema.VERDICT_SEVERITY: severity,
+        schema.VERDICT_WHY: why,
+        schema.VERDICT_NEXT: next_step,
+        schema.VERDICT_EVIDENCE: evidence,
         "_weight": weight,
     }
 
@@ -103,9 +107,9 @@ def _level(value: float | None, warn: float, critical: float) -> str | None:
     if value is None:
         return None
     if value >= critical:
-        return "critical"
+        return CRITICAL
     if value >= warn:
-        return "warn"
+        return WARN
     return None
 
 
@@ -114,179 +118,246 @@ def diagnose(
 ) -> list[dict[str, Any]]:
     """Verdicts for ``summary``, most important first (never empty)."""
     limits = resolve_thresholds(thresholds or summary.get(schema.SUMMARY_THRESHOLDS) or {})
+    early = _no_data(summary) or _insufficient(summary, limits)
+    if early is not None:
+        return [_finish(early)]
+    view = _PhaseView.of(summary)
+    verdicts = _share_verdicts(summary, view, limits)
+    compute = _compute_bound(view, limits)
+    if compute is not None:
+        verdicts.append(compute)
+    straggler = _straggler(summary, limits)
+    found = [straggler, _comm_bound(summary, limits, straggler), _memory(summary, limits)]
+    verdicts.extend(verdict for verdict in found if verdict is not None)
+    if not any(_is_finding(verdict) for verdict in verdicts):
+        verdicts.append(_no_clear_bottleneck(view))
+    verdicts.sort(key=lambda v: (SEVERITY_ORDER[v[schema.VERDICT_SEVERITY]], -v["_weight"]))
+    return [_finish(v) for v in verdicts]
+
+
+def _is_finding(verdict: dict[str, Any]) -> bool:
+    """A verdict that says something: a warning, or the healthy COMPUTE_BOUND."""
+    return (
+        verdict[schema.VERDICT_SEVERITY] in (WARN, CRITICAL)
+        or verdict[schema.VERDICT_KIND] == COMPUTE_BOUND
+    )
+
+
+def _step_stats(summary: dict[str, Any]) -> dict[str, Any] | None:
     overall = summary.get(schema.SUMMARY_OVERALL) or {}
-    phase_stats = overall.get(schema.PHASE_STATS) or {}
-    step = phase_stats.get(schema.STEP)
-    verdicts: list[dict[str, Any]] = []
+    return (overall.get(schema.PHASE_STATS) or {}).get(schema.STEP)
 
-    if not step:
-        if summary.get(schema.SUMMARY_STATUS) == "unsupported":
-            reasons = [n for n in summary.get(schema.SUMMARY_NOTES, []) if "not traced" in n]
-            why = reasons[0] if reasons else "this configuration is not supported"
-            return [
-                _finish(
-                    _verdict(
-                        NOT_TRACED,
-                        "warn",
-                        f"Nothing was measured: {why}.",
-                        "See the README's list of supported setups; training itself ran as usual.",
-                        1.0,
-                    )
-                )
-            ]
-        return [
-            _finish(
-                _verdict(
-                    INSUFFICIENT_DATA,
-                    "warn",
-                    "No training step was recorded.",
-                    "Run at least a few dozen optimizer steps (check that training started).",
-                    1.0,
-                    steps=0,
-                )
-            )
+
+def _no_data(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """NOT_TRACED or INSUFFICIENT_DATA when no step was recorded at all."""
+    if _step_stats(summary):
+        return None
+    if summary.get(schema.SUMMARY_STATUS) == schema.RUN_UNSUPPORTED:
+        reasons = [
+            entry[schema.NOT_TRACED_REASON]
+            for entry in summary.get(schema.SUMMARY_RANKS) or []
+            if isinstance(entry.get(schema.NOT_TRACED_REASON), str)
         ]
+        why = reasons[0] if reasons else "this configuration is not supported"
+        return _verdict(
+            NOT_TRACED,
+            WARN,
+            f"Nothing was measured: not traced: {why}.",
+            "See the README's list of supported setups; training itself ran as usual.",
+            1.0,
+        )
+    return _verdict(
+        INSUFFICIENT_DATA,
+        WARN,
+        "No training step was recorded.",
+        "Run at least a few dozen optimizer steps (check that training started).",
+        1.0,
+        steps=0,
+    )
 
+
+def _largest_phase(shares: dict[str, Any]) -> str | None:
+    return max(
+        (p for p in schema.PHASES if shares.get(p) is not None),
+        key=lambda p: shares[p],
+        default=None,
+    )
+
+
+def _insufficient(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any] | None:
+    """INSUFFICIENT_DATA when some rank has fewer steady steps than a verdict needs."""
     min_steps = int(limits["min_steps"])
     per_rank_steps = [
         e.get(schema.SUMMARY_STEPS_ANALYSED, 0)
         for e in summary.get(schema.SUMMARY_RANKS, [])
         if e.get(schema.SUMMARY_STEPS_RECORDED)
     ]
-    fewest = min(per_rank_steps) if per_rank_steps else step["count"]
-    if fewest < min_steps:
-        shares = overall.get(schema.SHARES) or {}
-        largest = max(
-            (p for p in schema.PHASES if shares.get(p) is not None),
-            key=lambda p: shares[p],
-            default=None,
-        )
-        hint = (
-            f"; so far {schema.PHASE_LABELS[largest]} is the largest phase "
-            f"({_pct(shares[largest])})"
-            if largest
-            else ""
-        )
-        return [
-            _finish(
-                _verdict(
-                    INSUFFICIENT_DATA,
-                    "warn",
-                    f"Only {fewest} steady step{'s' if fewest != 1 else ''} per rank were "
-                    f"measured (at least {min_steps} are needed for a verdict){hint}.",
-                    "Train longer (or raise --trace-max-steps) before drawing conclusions.",
-                    1.0,
-                    steps_analysed=fewest,
-                    min_steps=min_steps,
-                )
-            )
-        ]
+    fewest = min(per_rank_steps) if per_rank_steps else _step_stats(summary)["count"]
+    if fewest >= min_steps:
+        return None
+    shares = (summary.get(schema.SUMMARY_OVERALL) or {}).get(schema.SHARES) or {}
+    largest = _largest_phase(shares)
+    hint = (
+        f"; so far {schema.PHASE_LABELS[largest]} is the largest phase ({_pct(shares[largest])})"
+        if largest
+        else ""
+    )
+    return _verdict(
+        INSUFFICIENT_DATA,
+        WARN,
+        f"Only {fewest} steady step{'s' if fewest != 1 else ''} per rank were "
+        f"measured (at least {min_steps} are needed for a verdict){hint}.",
+        "Train longer (or raise --trace-max-steps) before drawing conclusions.",
+        1.0,
+        steps_analysed=fewest,
+        min_steps=min_steps,
+    )
 
-    shares = dict(overall.get(schema.SHARES) or {})
-    means = {f: (phase_stats.get(f) or {}).get("mean") for f in schema.TIMED_FIELDS}
-    waits_known = shares.get(schema.OWN_OF_PHASE[schema.BACKWARD]) is not None
-    if waits_known:
-        # Time spent waiting on other ranks is the straggler's or the network's doing (the
-        # STRAGGLER and COMM_BOUND verdicts): phases are judged on their own time.
-        for phase in schema.PHASES:
-            own = schema.OWN_OF_PHASE[phase]
-            shares[phase] = shares.get(own)
-            means[phase] = (phase_stats.get(own) or {}).get("mean")
 
-    def share_verdict(kind: str, phase: str, key: str, extra: str = "") -> None:
-        share = shares.get(phase)
-        severity = _level(share, limits[f"{key}_warn"], limits[f"{key}_critical"])
-        if severity is None:
-            return
-        name = schema.PHASE_LABELS[phase]
-        own = " (its own time, not counting waits on other ranks)" if waits_known else ""
+class _PhaseView:
+    """The shares and mean times the phase verdicts judge. With comm timing, each phase is its
+    own time: waiting on other ranks is the straggler's or the network's doing (STRAGGLER and
+    COMM_BOUND say so), not the phase's."""
+
+    def __init__(self, shares: dict[str, Any], means: dict[str, Any], own: bool) -> None:
+        self.shares = shares
+        self.means = means
+        self.own = own
+
+    @classmethod
+    def of(cls, summary: dict[str, Any]) -> _PhaseView:
+        overall = summary.get(schema.SUMMARY_OVERALL) or {}
+        phase_stats = overall.get(schema.PHASE_STATS) or {}
+        shares = dict(overall.get(schema.SHARES) or {})
+        means = {f: (phase_stats.get(f) or {}).get("mean") for f in schema.TIMED_FIELDS}
+        own = shares.get(schema.OWN_OF_PHASE[schema.BACKWARD]) is not None
+        if own:
+            for phase in schema.PHASES:
+                shares[phase] = shares.get(schema.OWN_OF_PHASE[phase])
+                means[phase] = (phase_stats.get(schema.OWN_OF_PHASE[phase]) or {}).get("mean")
+        return cls(shares, means, own)
+
+    def compute_shares(self) -> tuple[float | None, float | None]:
+        """Forward + Backward on the host clock, and on the device clock (None: unmeasured)."""
+        host = _sum_present(self.shares.get(schema.FORWARD), self.shares.get(schema.BACKWARD))
+        device = _sum_present(
+            self.shares.get(schema.GPU_FORWARD), self.shares.get(schema.GPU_BACKWARD)
+        )
+        return host, device
+
+
+# Phase verdicts judged on share of step time: (kind, phase, threshold key prefix).
+_SHARE_RULES: tuple[tuple[str, str, str], ...] = (
+    (INPUT_BOUND, schema.INPUT_WAIT, "input"),
+    (H2D_BOUND, schema.H2D, "h2d"),
+    (OPTIMIZER_HEAVY, schema.OPTIMIZER, "optimizer"),
+    (RESIDUAL_HEAVY, schema.RESIDUAL, "residual"),
+)
+
+
+def _share_verdicts(
+    summary: dict[str, Any], view: _PhaseView, limits: dict[str, float]
+) -> list[dict[str, Any]]:
+    _host, device = view.compute_shares()
+    # When the device is busy computing, Residual is host time spent while it works (kernel
+    # launches queue ahead): not a bottleneck of its own.
+    device_busy = device is not None and device >= limits["compute_share"]
+    verdicts = []
+    for kind, phase, key in _SHARE_RULES:
+        if kind == RESIDUAL_HEAVY and device_busy:
+            continue
+        verdict = _share_verdict(summary, view, limits, kind, phase, key)
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts
+
+
+def _share_verdict(
+    summary: dict[str, Any],
+    view: _PhaseView,
+    limits: dict[str, float],
+    kind: str,
+    phase: str,
+    key: str,
+) -> dict[str, Any] | None:
+    share = view.shares.get(phase)
+    severity = _level(share, limits[f"{key}_warn"], limits[f"{key}_critical"])
+    if severity is None:
+        return None
+    mean, step_mean = view.means[phase], view.means[schema.STEP]
+    own = " (its own time, not counting waits on other ranks)" if view.own else ""
+    return _verdict(
+        kind,
+        severity,
+        f"{schema.PHASE_LABELS[phase]} took {_pct(share)} of step time{own} "
+        f"({mean:.1f} ms of {step_mean:.1f} ms per step).",
+        _NEXT[kind].format(workers=_workers_hint(summary)),
+        share,
+        share=share,
+        phase_mean_ms=mean,
+        step_mean_ms=step_mean,
+        warn_at=limits[f"{key}_warn"],
+        critical_at=limits[f"{key}_critical"],
+    )
+
+
+def _compute_bound(view: _PhaseView, limits: dict[str, float]) -> dict[str, Any] | None:
+    """COMPUTE_BOUND (the healthy case): Forward + Backward dominate, on either clock."""
+    host, device = view.compute_shares()
+    best = max(v for v in (host, device, 0.0) if v is not None)
+    if best < limits["compute_share"]:
+        return None
+    on_device = device is not None and device >= (host or 0.0)
+    return _verdict(
+        COMPUTE_BOUND,
+        INFO,
+        f"Forward + Backward took {_pct(best)}{' of GPU time' if on_device else ' of step time'}.",
+        _NEXT[COMPUTE_BOUND],
+        best,
+        share=best,
+        forward_share=view.shares.get(schema.FORWARD),
+        backward_share=view.shares.get(schema.BACKWARD),
+        gpu_compute_share=device,
+    )
+
+
+def _no_clear_bottleneck(view: _PhaseView) -> dict[str, Any]:
+    largest = _largest_phase(view.shares)
+    if largest is None:  # steps of zero length: no share to speak of
+        why = "No phase dominates: the recorded steps took no measurable time."
+    else:
         why = (
-            f"{name} took {_pct(share)} of step time{own} "
-            f"({means[phase]:.1f} ms of {means[schema.STEP]:.1f} ms per step){extra}."
+            f"No phase dominates: the largest, {schema.PHASE_LABELS[largest]}, took "
+            f"{_pct(view.shares[largest])} of step time."
         )
-        verdicts.append(
-            _verdict(
-                kind,
-                severity,
-                why,
-                _NEXT[kind].format(workers=_workers_hint(summary)),
-                share,
-                share=share,
-                phase_mean_ms=means[phase],
-                step_mean_ms=means[schema.STEP],
-                warn_at=limits[f"{key}_warn"],
-                critical_at=limits[f"{key}_critical"],
-            )
-        )
+    return _verdict(
+        NO_CLEAR_BOTTLENECK,
+        INFO,
+        why,
+        _NEXT[NO_CLEAR_BOTTLENECK],
+        0.0,
+        largest_phase=largest,
+        largest_share=view.shares[largest] if largest else None,
+    )
 
-    share_verdict(INPUT_BOUND, schema.INPUT_WAIT, "input")
-    share_verdict(H2D_BOUND, schema.H2D, "h2d")
-    share_verdict(OPTIMIZER_HEAVY, schema.OPTIMIZER, "optimizer")
 
-    compute = _sum_present(shares.get(schema.FORWARD), shares.get(schema.BACKWARD))
-    gpu_compute = _sum_present(shares.get(schema.GPU_FORWARD), shares.get(schema.GPU_BACKWARD))
-    compute_limit = limits["compute_share"]
-    gpu_busy = gpu_compute is not None and gpu_compute >= compute_limit
-    if not gpu_busy:
-        share_verdict(RESIDUAL_HEAVY, schema.RESIDUAL, "residual")
-
-    best_compute = max(v for v in (compute, gpu_compute, 0.0) if v is not None)
-    if best_compute >= compute_limit:
-        on_gpu = gpu_compute is not None and gpu_compute >= (compute or 0.0)
-        where = " of GPU time" if on_gpu else " of step time"
-        verdicts.append(
-            _verdict(
-                COMPUTE_BOUND,
-                "info",
-                f"Forward + Backward took {_pct(best_compute)}{where}.",
-                _NEXT[COMPUTE_BOUND],
-                best_compute,
-                share=best_compute,
-                forward_share=shares.get(schema.FORWARD),
-                backward_share=shares.get(schema.BACKWARD),
-                gpu_compute_share=gpu_compute,
-            )
-        )
-
-    straggler = _straggler(summary, limits)
-    if straggler is not None:
-        verdicts.append(straggler)
-    comm_bound = _comm_bound(summary, limits, straggler)
-    if comm_bound is not None:
-        verdicts.append(comm_bound)
-    memory = _memory(summary, limits)
-    if memory is not None:
-        verdicts.append(memory)
-
-    if not any(
-        v["severity"] in ("warn", "critical") or v["kind"] == COMPUTE_BOUND for v in verdicts
-    ):
-        largest = max(
-            (p for p in schema.PHASES if shares.get(p) is not None),
-            key=lambda p: shares[p],
-            default=None,
-        )
-        if largest is None:  # steps of zero length: no share to speak of
-            why = "No phase dominates: the recorded steps took no measurable time."
-        else:
-            why = (
-                f"No phase dominates: the largest, {schema.PHASE_LABELS[largest]}, took "
-                f"{_pct(shares[largest])} of step time."
-            )
-        verdicts.append(
-            _verdict(
-                NO_CLEAR_BOTTLENECK,
-                "info",
-                why,
-                _NEXT[NO_CLEAR_BOTTLENECK],
-                0.0,
-                largest_phase=largest,
-                largest_share=shares[largest] if largest else None,
-            )
-        )
-
-    verdicts.sort(key=lambda v: (SEVERITY_ORDER[v["severity"]], -v["_weight"]))
-    return [_finish(v) for v in verdicts]
+def noise_caveat(summary: dict[str, Any], thresholds: dict[str, float] | None = None) -> str | None:
+    """A sentence for the report when step times are very uneven (p90 / median at or above
+    the ``noisy_steps`` threshold), saying what that means for the verdict; else None."""
+    limits = resolve_thresholds(thresholds or summary.get(schema.SUMMARY_THRESHOLDS) or {})
+    step = _step_stats(summary)
+    if not step or not step.get("median") or step["median"] <= 0:
+        return None
+    ratio = step["p90"] / step["median"]
+    if ratio < limits["noisy_steps"]:
+        return None
+    return (
+        f"step times are very uneven (p90 {step['p90']:.1f} ms is {ratio:.1f}x the median "
+        f"{step['median']:.1f} ms; max {step['max']:.1f} ms). Shares are of the total time, so "
+        "the slow steps weigh most: the verdict describes where they spend their time, not a "
+        "typical step. See when they happen in report.html (--html): periodic spikes point at "
+        "logging, checkpoints or garbage collection, a rising line at a leak."
+    )
 
 
 def _finish(verdict: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ a summary.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -17,14 +19,39 @@ import orjson
 
 from traceml import schema
 from traceml.diagnose import diagnose
+from traceml.errors import OutputError
 from traceml.reduce import list_rank_files, reduce_run
-from traceml.report import render_html, render_text
+from traceml.report import for_terminal, render_html, render_text
+
+_JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Write ``path`` whole: a reader sees the old file or the new one, never half of one.
+
+    The temporary file has an unpredictable name and is created with O_EXCL (and O_NOFOLLOW),
+    so a file or symlink planted next to the target cannot redirect the write elsewhere; the
+    rename then replaces ``path`` itself, even when ``path`` is a symlink, never its target.
+    """
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for _attempt in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any file we write
+        except FileExistsError:
+            continue
+        break
+    else:  # pragma: no cover - 100 collisions of 64 random bits
+        raise FileExistsError(f"cannot create a temporary file next to {path}")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def summarise(
@@ -50,15 +77,22 @@ def summarise(
     summary[schema.SUMMARY_VERDICTS] = diagnose(summary)
     text = render_text(summary)
     if write:
-        run_dir = Path(run_dir)
-        write_atomically(
-            run_dir / schema.SUMMARY_JSON,
-            orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE),
-        )
-        write_atomically(run_dir / schema.SUMMARY_TXT, text.encode())
-        if html:
-            write_atomically(run_dir / schema.REPORT_HTML, render_html(summary).encode())
+        _write_results(Path(run_dir), summary, text, html=html)
     return summary, text
+
+
+def _write_results(run_dir: Path, summary: dict[str, Any], text: str, *, html: bool) -> None:
+    outputs = [
+        (schema.SUMMARY_JSON, orjson.dumps(summary, option=_JSON_OPTIONS)),
+        (schema.SUMMARY_TXT, text.encode()),
+    ]
+    if html:
+        outputs.append((schema.REPORT_HTML, render_html(summary).encode()))
+    for name, data in outputs:
+        try:
+            write_atomically(run_dir / name, data)
+        except OSError as exc:
+            raise OutputError(f"cannot write {run_dir / name}: {exc.strerror or exc}") from None
 
 
 def _has_footer(path: Path) -> bool:
@@ -115,4 +149,4 @@ def report_after_direct_launch(settings: Any) -> None:
         run_dir, thresholds=settings.thresholds, notes=notes, html=settings.html
     )
     sys.stdout.flush()
-    print("\n" + text, end="", flush=True)
+    print(for_terminal(text), end="", flush=True)

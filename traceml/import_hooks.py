@@ -54,13 +54,16 @@ def _fire(module: ModuleType) -> None:
         hooks = _pending.pop(name, [])
     # A module may replace itself in sys.modules while executing; hooks want the final object.
     module = sys.modules.get(name, module)
-    for hook in hooks:
-        try:
-            hook(module)
-        except Exception as exc:  # a hook must never break the user's import
-            from traceml.console import warn
+    if hooks:
+        # Loaded only now, when a watched library is imported: never at interpreter start.
+        from traceml.guard import guarded_call
 
-            warn(f"an import hook for {name} failed ({type(exc).__name__}: {exc}); not tracing it")
+        for hook in hooks:
+            # Never breaks the user's import.
+            guarded_call(_IMPORT_HOOK, f"the import hook for {name}", hook, module)
+
+
+_IMPORT_HOOK = "import hook"
 
 
 class _PostImportFinder:

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from traceml import schema
+from traceml.errors import LaunchError, OutputError, ReduceError
 from traceml.settings import (
     Settings,
     is_valid_run_name,
@@ -34,10 +35,6 @@ from traceml.versions import package_versions
 KILL_GRACE_S = 30.0
 # On one node the whole process group has exited: every rank file is final already.
 SINGLE_NODE_REPORT_WAIT_S = 0.0
-
-
-class LaunchError(Exception):
-    """Bad input to ``traceml run``; one line, exit code 2."""
 
 
 def _utc_now() -> str:
@@ -102,25 +99,18 @@ def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Set
 
 
 def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> int:
-    from traceml.cli import UsageError
-
-    try:
-        validate(args)
-        live_interval_s, live_collect_s = live_timing(args)
-        settings = make_settings(args, thresholds)
-        run_dir = settings.run_dir
-        is_node_zero = args.node_rank == 0
-        if is_node_zero:
-            if run_dir.exists():
-                raise LaunchError(
-                    f"run directory {run_dir} already exists; choose another --run-name"
-                )
-            try:
-                (run_dir / schema.RANKS_DIR).mkdir(parents=True)
-            except OSError as exc:
-                raise LaunchError(f"cannot create {run_dir}: {exc.strerror or exc}") from None
-    except LaunchError as exc:
-        raise UsageError(str(exc)) from None
+    validate(args)
+    live_interval_s, live_collect_s = live_timing(args)
+    settings = make_settings(args, thresholds)
+    run_dir = settings.run_dir
+    is_node_zero = args.node_rank == 0
+    if is_node_zero:
+        if run_dir.exists():
+            raise LaunchError(f"run directory {run_dir} already exists; choose another --run-name")
+        try:
+            (run_dir / schema.RANKS_DIR).mkdir(parents=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot create {run_dir}: {exc.strerror or exc}") from None
 
     command = build_child_command(args)
     env = dict(os.environ)
@@ -244,7 +234,6 @@ def _report(
     exit_code: int,
 ) -> int:
     from traceml.finalize import summarise, wait_for_ranks
-    from traceml.reduce import ReduceError
 
     run_dir = settings.run_dir
     wait = args.report_wait if args.nnodes > 1 else SINGLE_NODE_REPORT_WAIT_S
@@ -269,7 +258,7 @@ def _report(
             thresholds=settings.thresholds,
             notes=notes,
             html=settings.html,
-            status="interrupted" if received is not None else None,
+            status=schema.RUN_INTERRUPTED if received is not None else None,
         )
     except ReduceError:
         print(
@@ -279,12 +268,14 @@ def _report(
             file=sys.stderr,
         )
         return exit_code
-    except OSError as exc:
+    except OutputError as exc:
         print(f"traceml: could not write the report: {exc}", file=sys.stderr)
         return exit_code
     if settings.report:
+        from traceml.report import for_terminal
+
         sys.stderr.flush()
-        print("\n" + text, end="", flush=True)
+        print(for_terminal(text), end="", flush=True)
     if settings.html:
         from traceml.live import display_path
 
@@ -295,7 +286,12 @@ def _report(
 
 
 def _was_keyboard_interrupt(summary: dict[str, Any]) -> bool:
-    return any("KeyboardInterrupt" in note for note in summary.get(schema.SUMMARY_NOTES, []))
+    """Whether a rank stopped on Ctrl-C (the terminal sent SIGINT to the script's group, not
+    to the launcher): the exit code is then 130, as for plain ``python``."""
+    return any(
+        entry.get(schema.ERROR_TYPE) == schema.ERROR_TYPE_KEYBOARD_INTERRUPT
+        for entry in summary.get(schema.SUMMARY_RANKS) or []
+    )
 
 
 # ----------------------------------------------------------------------------------------------

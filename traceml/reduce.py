@@ -3,8 +3,9 @@
 Reads ``<run_dir>/ranks/rank_*.jsonl`` one rank at a time (so memory is bounded by the
 largest rank), in chunks of lines (so it is bounded by that rank's numbers, not its parsed
 records). Damage is reported, never raised: a truncated last line, a missing footer, a missing
-rank, an empty file each become a note. Only two things are errors: no rank files at all, and
-a rank file of a newer schema than this traceml understands.
+rank, an empty file, a value of the wrong type, a negative time each become a note. Only two
+things are errors: no rank files at all, and a rank file of a newer schema than this traceml
+understands. Rank files are only read: nothing here writes.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ from typing import Any
 import orjson
 
 from traceml import job_series, schema, stats
+from traceml.errors import ReduceError
 from traceml.thresholds import resolve_thresholds
 
-_RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
+# Only the spelling traceml writes: "rank_01.jsonl" next to "rank_1.jsonl" would be two files
+# for one rank.
+_RANK_FILE = re.compile(r"^rank_(0|[1-9][0-9]*)\.jsonl$")
+_ANY_RANK_FILE = re.compile(r"^rank_.*\.jsonl$")
 _CHUNK_LINES = 8192
 TIMELINE_BINS = 200
 
@@ -69,8 +74,14 @@ _RANK_COMPARED: tuple[str, ...] = (
 )
 
 
-class ReduceError(Exception):
-    """The run directory cannot be summarised at all (the message is one line for users)."""
+# Largest believable value of any step field: ms (~30,000 years) or bytes (~1 EB). Beyond it a
+# number is damage, and the bound keeps every sum of a column finite.
+_MAX_VALUE = 1e18
+# Step fields that may be negative (a start time before the header's clock origin).
+_SIGNED_COLUMNS = frozenset({schema.T_START_MS})
+_NUMBER_TYPES = frozenset({int, float, type(None)})
+# Text from rank files is cut to this many characters before it reaches notes and reports.
+_MAX_TEXT = 300
 
 
 @dataclass
@@ -85,6 +96,10 @@ class RankRecords:
     columns: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in _COLUMNS})
     bad_lines: int = 0
     truncated_tail: bool = False
+    # Set by clean_records: step values and header fields that were not what traceml writes.
+    bad_values: int = 0
+    bad_header_fields: list[str] = field(default_factory=list)
+    unreadable: str | None = None  # why the file could not be read at all
 
     @property
     def step_count(self) -> int:
@@ -96,14 +111,36 @@ class RankRecords:
 
 
 def list_rank_files(run_dir: Path) -> dict[int, Path]:
+    """The rank files of ``run_dir`` by rank (regular files with traceml's names only)."""
+    return scan_rank_files(run_dir)[0]
+
+
+def scan_rank_files(run_dir: Path) -> tuple[dict[int, Path], list[str]]:
+    """The rank files by rank, and a note for each file that looks like one but is skipped."""
     ranks_dir = Path(run_dir) / schema.RANKS_DIR
     found: dict[int, Path] = {}
-    if ranks_dir.is_dir():
-        for path in ranks_dir.iterdir():
-            match = _RANK_FILE.match(path.name)
-            if match and path.is_file():
-                found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+    skipped: list[str] = []
+    try:
+        entries = list(ranks_dir.iterdir()) if ranks_dir.is_dir() else []
+    except OSError:
+        entries = []
+    for path in entries:
+        match = _RANK_FILE.match(path.name)
+        if match is None:
+            if _ANY_RANK_FILE.match(path.name):
+                skipped.append(f"{path.name}: not a rank file name traceml writes; skipped")
+            continue
+        rank = int(match.group(1))
+        if rank >= schema.MAX_WORLD_SIZE:
+            skipped.append(
+                f"{path.name}: rank {rank} is beyond any real job "
+                f"({schema.MAX_WORLD_SIZE} ranks at most); skipped"
+            )
+        elif not path.is_file():
+            skipped.append(f"{path.name}: not a regular file; skipped")
+        else:
+            found[rank] = path
+    return dict(sorted(found.items())), sorted(skipped)
 
 
 def _parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
@@ -126,7 +163,11 @@ def _parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
 
 def read_rank_file(path: Path, rank: int) -> RankRecords:
     data = RankRecords(rank=rank, path=path)
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        data.unreadable = exc.strerror or type(exc).__name__
+        return data
     ends_cleanly = raw.endswith(b"\n") or not raw
     lines = [line for line in raw.split(b"\n") if line]
     del raw
@@ -199,6 +240,159 @@ def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
             f"{path} has schema {header.get(schema.SCHEMA)}; this traceml reads "
             f"{family}/{supported_major}.x (install the traceml version that wrote it)"
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking what was read: a rank file may come from another writer, an older traceml, a
+# damaged disk or a person. Values of the wrong type or range become null (unmeasured) with a
+# note, so every later step computes on numbers only.
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value: Any) -> bool:
+    return _is_int(value, 0, 1 << 62)
+
+
+def _is_positive_count(value: Any) -> bool:
+    return _is_int(value, 1, 1 << 62)
+
+
+def _is_rank(value: Any) -> bool:
+    return _is_int(value, 0, schema.MAX_WORLD_SIZE - 1)
+
+
+def _is_world_size(value: Any) -> bool:
+    return _is_int(value, 1, schema.MAX_WORLD_SIZE)
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and abs(value) <= _MAX_VALUE
+
+
+def _is_text_dict(value: Any) -> bool:
+    return isinstance(value, dict) and all(_is_text(v) or v is None for v in value.values())
+
+
+# Header fields the reducer reads, and what a usable value looks like (declarative table).
+_HEADER_CHECKS: dict[str, Any] = {
+    schema.RUN: _is_text,
+    schema.RANK: _is_rank,
+    schema.LOCAL_RANK: _is_rank,
+    schema.WORLD_SIZE: _is_world_size,
+    schema.LOCAL_WORLD_SIZE: _is_world_size,
+    schema.NODE_RANK: _is_rank,
+    schema.HOST: _is_text,
+    schema.CLOCK_ORIGIN_UNIX: _is_number,
+    schema.VERSIONS: _is_text_dict,
+    schema.DEVICE: lambda value: isinstance(value, dict),
+    schema.TIMING: _is_text,
+    schema.COMM_TIMING: _is_text,
+    schema.BUCKET_TIMING: _is_text,
+    schema.SCRIPT: _is_text,
+    schema.INTEGRATION: _is_text,
+    schema.ACCUMULATE_GRAD_BATCHES: _is_positive_count,
+    schema.BATCH_SIZE: _is_positive_count,
+    "num_workers": _is_count,
+    schema.SETTINGS: lambda value: isinstance(value, dict),
+}
+_DEVICE_CHECKS: dict[str, Any] = {
+    schema.DEVICE_TYPE: _is_text,
+    schema.DEVICE_NAME: _is_text,
+    schema.DEVICE_TOTAL_MEMORY: lambda value: _is_number(value) and value > 0,
+}
+
+
+def _checked(record: dict[str, Any], checks: dict[str, Any], prefix: str = "") -> list[str]:
+    """Drop the fields of ``record`` that fail their check; return their names."""
+    dropped = []
+    for name, check in checks.items():
+        value = record.get(name)
+        if value is not None and not check(value):
+            del record[name]
+            dropped.append(prefix + name)
+    return dropped
+
+
+def _clean_header(data: RankRecords) -> None:
+    header = data.header
+    if header is None:
+        return
+    header = dict(header)
+    dropped = _checked(header, _HEADER_CHECKS)
+    if isinstance(header.get(schema.DEVICE), dict):
+        header[schema.DEVICE] = dict(header[schema.DEVICE])
+        dropped += _checked(header[schema.DEVICE], _DEVICE_CHECKS, schema.DEVICE + ".")
+    settings = header.get(schema.SETTINGS)
+    max_steps = settings.get("trace_max_steps") if isinstance(settings, dict) else None
+    if max_steps is not None and not _is_positive_count(max_steps):
+        header[schema.SETTINGS] = {**settings, "trace_max_steps": None}
+        dropped.append(schema.SETTINGS + ".trace_max_steps")
+    data.header = header
+    data.bad_header_fields.extend(dropped)
+
+
+def _short_text(value: Any) -> str | None:
+    """Text from a rank file, on one line and cut to a length a note can carry."""
+    if value is None:
+        return None
+    text = " ".join(str(value).split())
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+
+
+def _clean_footer_and_events(data: RankRecords) -> None:
+    if data.footer is not None:
+        footer = dict(data.footer)
+        for name in (schema.STATUS, schema.ERROR, schema.ERROR_TYPE, schema.ENDED_AT):
+            if not _is_text(footer.get(name)):
+                footer[name] = None
+            else:
+                footer[name] = _short_text(footer[name])
+        data.footer = footer
+    data.events = [
+        {**event, schema.MESSAGE: _short_text(event.get(schema.MESSAGE)) or ""}
+        for event in data.events
+    ]
+
+
+def _column_is_clean(column: list[Any], signed: bool) -> bool:
+    """The fast check (C-speed passes): numbers and nulls only, all in range, none NaN."""
+    if not set(map(type, column)) <= _NUMBER_TYPES:
+        return False
+    values = [v for v in column if v is not None] if None in column else column
+    if not values:
+        return True
+    low = -_MAX_VALUE if signed else 0.0
+    # A NaN makes the sum NaN, which fails the comparison too.
+    return min(values) >= low and max(values) <= _MAX_VALUE and math.isfinite(sum(values))
+
+
+def _clean_column(column: list[Any], signed: bool) -> int:
+    """Replace the values that are not usable numbers by null, in place; return how many."""
+    bad = 0
+    for index, value in enumerate(column):
+        if value is None:
+            continue
+        if not _is_number(value) or (value < 0 and not signed):
+            column[index] = None
+            bad += 1
+    return bad
+
+
+def clean_records(data: RankRecords) -> None:
+    """Make ``data`` safe to compute on (idempotent): see the section comment above."""
+    _clean_header(data)
+    _clean_footer_and_events(data)
+    for name, column in data.columns.items():
+        signed = name in _SIGNED_COLUMNS
+        if not _column_is_clean(column, signed):
+            data.bad_values += _clean_column(column, signed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,12 +482,16 @@ def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[st
     count = data.step_count
     skipped = min(warmup, count) if count > warmup else 0
     header = data.header or {}
+    footer = data.footer or {}
     entry: dict[str, Any] = {
         schema.RANK: data.rank,
         schema.LOCAL_RANK: header.get(schema.LOCAL_RANK),
         schema.NODE_RANK: header.get(schema.NODE_RANK),
         schema.HOST: header.get(schema.HOST),
-        schema.STATUS: (data.footer or {}).get(schema.STATUS),
+        schema.STATUS: footer.get(schema.STATUS),
+        schema.ERROR: footer.get(schema.ERROR),
+        schema.ERROR_TYPE: _error_type(footer),
+        schema.NOT_TRACED_REASON: _not_traced_reason(data),
         schema.SUMMARY_STEPS_RECORDED: count,
         schema.SUMMARY_STEPS_ANALYSED: count - skipped,
         schema.SUMMARY_WARMUP: skipped,
@@ -320,13 +518,68 @@ def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[st
     entry[schema.PEAK_RSS] = _max_or_none(columns[schema.RSS])
     gaps = _present(columns[schema.GAP_MS])
     entry[schema.BETWEEN_STEPS_MS] = math.fsum(gaps) if gaps else (0.0 if count else None)
-    starts = columns[schema.T_START_MS]
-    if count and isinstance(starts[0], (int, float)) and isinstance(starts[-1], (int, float)):
-        entry[schema.WALL_MS] = starts[-1] + (columns[schema.STEP][-1] or 0.0) - starts[0]
-    else:
-        entry[schema.WALL_MS] = None
+    entry[schema.WALL_MS], last_end = _step_span(columns)
+    entry[schema.AFTER_LAST_STEP_MS] = _after_last_step(header, footer, last_end)
     entry[schema.TIMELINE] = _timeline(columns, skipped)
     return entry, sketches
+
+
+def _step_span(columns: dict[str, list[Any]]) -> tuple[float | None, float | None]:
+    """First step start to last step end (ms), and that end on the rank's clock."""
+    starts = columns[schema.T_START_MS]
+    if not starts or starts[0] is None or starts[-1] is None:
+        return None, None
+    end = starts[-1] + (columns[schema.STEP][-1] or 0.0)
+    return max(0.0, end - starts[0]), end
+
+
+def _after_last_step(
+    header: dict[str, Any], footer: dict[str, Any], last_end_ms: float | None
+) -> float | None:
+    """Time from the last step's end to the footer (training's end: final validation,
+    checkpoints, teardown). Null when the file lacks a clock origin, an end time or steps."""
+    origin = header.get(schema.CLOCK_ORIGIN_UNIX)
+    started, ended = (
+        _unix_time(header.get(schema.STARTED_AT)),
+        _unix_time(footer.get(schema.ENDED_AT)),
+    )
+    if last_end_ms is None or origin is None or started is None or ended is None:
+        return None
+    after = (ended - origin) * 1000.0 - last_end_ms
+    # Both ends come from one process's clocks, so the gap cannot exceed the file's whole span
+    # (start to end); beyond it the clocks disagree (a moved system clock, a hand-made file).
+    # The footer's time has millisecond resolution: a little below zero is rounding.
+    if not -5.0 < after <= (ended - started) * 1000.0 + 5.0:
+        return None
+    return max(0.0, after)
+
+
+def _unix_time(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _error_type(footer: dict[str, Any]) -> str | None:
+    """The exception type a rank stopped on: the footer's ERROR_TYPE, else the part of its
+    ERROR before the first ':' (the writer's "<type name>: <message>" format)."""
+    if footer.get(schema.ERROR_TYPE):
+        return footer[schema.ERROR_TYPE]
+    error = footer.get(schema.ERROR)
+    if not error:
+        return None
+    name = error.partition(":")[0].strip()
+    return name if name.isidentifier() else None
+
+
+def _not_traced_reason(data: RankRecords) -> str | None:
+    for event in data.events:
+        if event.get(schema.CODE) == schema.EVENT_UNSUPPORTED:
+            return event.get(schema.MESSAGE) or None
+    return None
 
 
 def shares_from_sums(sums: dict[str, float]) -> dict[str, float | None]:
@@ -362,6 +615,9 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
     rank = data.rank
     notes: list[str] = []
     max_steps_message: str | None = None
+    if data.unreadable is not None:
+        return [f"rank {rank}: its file cannot be read ({data.unreadable})"], None
+    notes.extend(_damage_notes(data))
     if data.header is None:
         if data.step_count == 0 and not data.events and data.footer is None:
             notes.append(f"rank {rank}: its file is empty (the process ended before training)")
@@ -412,6 +668,27 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
     return notes, max_steps_message
 
 
+def _damage_notes(data: RankRecords) -> list[str]:
+    """Notes on what clean_records replaced, and on a header that names another rank."""
+    rank = data.rank
+    notes = []
+    if data.bad_values:
+        notes.append(
+            f"rank {rank}: {data.bad_values} step value{'s' if data.bad_values != 1 else ''} "
+            "of the wrong type or out of range (not a number, negative, huge) treated as "
+            "unmeasured"
+        )
+    if data.bad_header_fields:
+        notes.append(
+            f"rank {rank}: header field{'s' if len(data.bad_header_fields) != 1 else ''} "
+            f"{', '.join(data.bad_header_fields)} of the wrong type or out of range; ignored"
+        )
+    claimed = (data.header or {}).get(schema.RANK)
+    if claimed is not None and claimed != rank:
+        notes.append(f"rank {rank}: its header says rank {claimed}; the file name's rank is used")
+    return notes
+
+
 def summarise_rank(path: Path, rank: int, warmup: int) -> dict[str, Any]:
     """Everything the run summary needs from one rank file (small and picklable: the rank's
     steps are dropped once reduced, so a worker process can do this too)."""
@@ -420,6 +697,7 @@ def summarise_rank(path: Path, rank: int, warmup: int) -> dict[str, Any]:
 
 def summarise_records(data: RankRecords, warmup: int) -> dict[str, Any]:
     """:func:`summarise_rank` for records already in memory (the live view's window)."""
+    clean_records(data)
     notes, max_steps_message = rank_notes(data)
     entry, sketches = reduce_rank(data, warmup)
     return {
@@ -486,14 +764,20 @@ def reduce_run(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReduceError(f"{run_dir} is not a directory")
-    files = list_rank_files(run_dir)
+    files, skipped = scan_rank_files(run_dir)
     if not files:
         raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
     limits = resolve_thresholds(thresholds)
     warmup = int(limits["warmup_steps"])
     parts = _summarise_ranks(files, warmup, jobs)
     return _summary_from_parts(
-        parts, list(files), limits, run_name=run_dir.name, run_dir=str(run_dir.resolve()), now=now
+        parts,
+        list(files),
+        limits,
+        run_name=run_dir.name,
+        run_dir=str(run_dir.resolve()),
+        now=now,
+        notes=skipped,
     )
 
 
@@ -515,6 +799,78 @@ def reduce_records(
     )
 
 
+class _FieldTotals:
+    """One field's statistics over every rank: sketches to merge, and the exact sum, count
+    and extremes (so the mean, min and max are exact whatever the sketches drop)."""
+
+    def __init__(self) -> None:
+        self.sketches: list[stats.Sketch] = []
+        self.total = 0.0
+        self.count = 0
+        self.low = math.inf
+        self.high = -math.inf
+
+    def add(self, sketch: stats.Sketch, described: dict[str, Any]) -> None:
+        self.sketches.append(sketch)
+        self.total += described["sum"]
+        self.count += described["count"]
+        self.low = min(self.low, described["min"])
+        self.high = max(self.high, described["max"])
+
+    @property
+    def approximate(self) -> bool:
+        return any(weight != 1.0 for _values, weight in self.sketches)
+
+    def describe(self, ps: tuple[float, ...]) -> tuple[dict[str, Any], dict[float, float]]:
+        """The overall statistics entry, and the merged quantiles at ``ps`` (with 0.5, 0.9)."""
+        wanted = sorted({0.5, 0.9, *ps})
+        at = dict(zip(wanted, stats.merged_quantiles(self.sketches, wanted), strict=True))
+        described = {
+            "count": self.count,
+            "sum": self.total,
+            "mean": self.total / self.count,
+            "min": self.low,
+            "median": at[0.5],
+            "p90": at[0.9],
+            "max": self.high,
+        }
+        return described, at
+
+
+class _RunTotals:
+    """What the rank parts add up to, fed one rank at a time (memory: one rank's part)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.fields: dict[str, _FieldTotals] = {}
+        self.notes: list[str] = []
+        self.max_steps_message: str | None = None
+        self.headers: dict[int, dict[str, Any]] = {}
+        self.statuses: dict[int, str | None] = {}
+        self.series = job_series.JobSeriesAccumulator()
+
+    def add(self, part: dict[str, Any]) -> None:
+        entry = part["entry"]
+        rank = entry[schema.RANK]
+        self.entries.append(entry)
+        self.notes.extend(part["notes"])
+        self.max_steps_message = self.max_steps_message or part["max_steps_message"]
+        self.statuses[rank] = part["status"]
+        if part["header"] is not None:
+            self.headers[rank] = part["header"]
+        self.series.add(part.get("job_series"))
+        for fieldname, sketch in part["sketches"].items():
+            totals = self.fields.setdefault(fieldname, _FieldTotals())
+            totals.add(sketch, entry[schema.PHASE_STATS][fieldname])
+
+    @property
+    def approximate(self) -> bool:
+        return any(totals.approximate for totals in self.fields.values())
+
+    def steps(self, key: str) -> int:
+        return sum(e[key] for e in self.entries)
+
+
 def _summary_from_parts(
     parts: Iterator[dict[str, Any]],
     found: list[int],
@@ -523,148 +879,115 @@ def _summary_from_parts(
     run_name: str,
     run_dir: str | None,
     now: datetime | None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
-    warmup = int(limits["warmup_steps"])
-
-    rank_entries: list[dict[str, Any]] = []
-    merged: dict[str, list[stats.Sketch]] = {}
-    merged_sums: dict[str, float] = {}
-    merged_counts: dict[str, int] = {}
-    merged_extremes: dict[str, tuple[float, float]] = {}
-    notes: list[str] = []
-    max_steps_note: list[str] = []
-    headers: dict[int, dict[str, Any]] = {}
-    statuses: dict[int, str | None] = {}
-    approximate = False
-    series = job_series.JobSeriesAccumulator()
-
+    totals = _RunTotals()
+    totals.notes.extend(notes or [])
     for part in parts:
-        entry, sketches = part["entry"], part["sketches"]
-        rank = entry[schema.RANK]
-        notes.extend(part["notes"])
-        if part["max_steps_message"] and not max_steps_note:
-            max_steps_note.append(part["max_steps_message"])
-        statuses[rank] = part["status"]
-        if part["header"] is not None:
-            headers[rank] = part["header"]
-        rank_entries.append(entry)
-        series.add(part.get("job_series"))
-        for fieldname, sketch in sketches.items():
-            approximate = approximate or sketch[1] != 1.0
-            merged.setdefault(fieldname, []).append(sketch)
-            described = entry[schema.PHASE_STATS][fieldname]
-            merged_sums[fieldname] = merged_sums.get(fieldname, 0.0) + described["sum"]
-            merged_counts[fieldname] = merged_counts.get(fieldname, 0) + described["count"]
-            low, high = merged_extremes.get(fieldname, (math.inf, -math.inf))
-            merged_extremes[fieldname] = (min(low, described["min"]), max(high, described["max"]))
-
-    world_size = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
-    world_size = max(world_size, max(found) + 1) if found else world_size
-    expected = list(range(world_size))
-    present = set(found)
-    missing = [rank for rank in expected if rank not in present]
+        totals.add(part)
+    world_size = _world_size(totals.headers, found)
+    missing = _missing_ranks(world_size, found)
     if missing:
-        notes.append(_missing_ranks_note(missing, headers))
-    if max_steps_note:
-        notes.append(max_steps_note[0])
-
-    overall = _overall(merged, merged_sums, merged_counts, merged_extremes, rank_entries)
-    steps_recorded = sum(e[schema.SUMMARY_STEPS_RECORDED] for e in rank_entries)
-    steps_analysed = sum(e[schema.SUMMARY_STEPS_ANALYSED] for e in rank_entries)
-    skipped = max((e[schema.SUMMARY_WARMUP] for e in rank_entries), default=0)
-    if skipped:
-        notes.insert(
-            0,
-            f"skipped the first {skipped} step{'s' if skipped != 1 else ''} of each rank as "
-            "warm-up (DataLoader start-up, lazy initialisation, allocator growth); "
-            f"{steps_analysed} of {steps_recorded} steps analysed",
-        )
-    elif steps_recorded and steps_recorded <= warmup * len(rank_entries):
-        notes.insert(0, "too few steps to skip a warm-up: every recorded step is analysed")
-
-    setup = _setup(headers, world_size)
-    batch = setup.get(schema.BATCH_SIZE)
-    accumulate = setup.get(schema.ACCUMULATE_GRAD_BATCHES) or 1
-    if overall.get(schema.STEPS_PER_S) and isinstance(batch, int):
-        overall[schema.SAMPLES_PER_S] = (
-            overall[schema.STEPS_PER_S] * batch * accumulate * world_size
-        )
-    else:
-        overall[schema.SAMPLES_PER_S] = None
-
-    summary: dict[str, Any] = {
+        totals.notes.append(_missing_ranks_note(missing, totals.headers))
+    if totals.max_steps_message:
+        totals.notes.append(totals.max_steps_message)
+    skipped = max((e[schema.SUMMARY_WARMUP] for e in totals.entries), default=0)
+    _add_warmup_note(totals, skipped, int(limits["warmup_steps"]))
+    overall = _overall(totals)
+    setup = _setup(totals.headers, world_size)
+    overall[schema.SAMPLES_PER_S] = _samples_per_s(overall, setup, world_size)
+    steps_recorded = totals.steps(schema.SUMMARY_STEPS_RECORDED)
+    return {
         schema.SCHEMA: schema.SUMMARY_SCHEMA,
-        schema.RUN: _run_name(headers, run_name),
+        schema.RUN: _run_name(totals.headers, run_name),
         schema.SUMMARY_RUN_DIR: run_dir,
         schema.SUMMARY_GENERATED_AT: (now or datetime.now(timezone.utc)).isoformat(
             timespec="seconds"
         ),
-        schema.SUMMARY_STATUS: _run_status(statuses, missing, steps_recorded, headers, found),
+        schema.SUMMARY_STATUS: _run_status(
+            totals.statuses, missing, steps_recorded, totals.headers, found
+        ),
         schema.WORLD_SIZE: world_size,
-        schema.SUMMARY_RANKS_EXPECTED: expected,
+        schema.SUMMARY_RANKS_EXPECTED: list(range(world_size)),
         schema.SUMMARY_RANKS_FOUND: list(found),
         schema.SUMMARY_RANKS_MISSING: missing,
         schema.SUMMARY_SETUP: setup,
         schema.SUMMARY_WARMUP: skipped,
         schema.SUMMARY_STEPS_RECORDED: steps_recorded,
-        schema.SUMMARY_STEPS_ANALYSED: steps_analysed,
-        schema.SUMMARY_APPROXIMATE: approximate,
+        schema.SUMMARY_STEPS_ANALYSED: totals.steps(schema.SUMMARY_STEPS_ANALYSED),
+        schema.SUMMARY_APPROXIMATE: totals.approximate,
         schema.SUMMARY_OVERALL: overall,
-        schema.SUMMARY_RANKS: rank_entries,
-        schema.SUMMARY_IMBALANCE: _imbalance(rank_entries),
+        schema.SUMMARY_RANKS: totals.entries,
+        schema.SUMMARY_IMBALANCE: _imbalance(totals.entries),
         schema.SUMMARY_THRESHOLDS: limits,
-        schema.SUMMARY_NOTES: _dedupe_rank_notes(notes, len(rank_entries)),
-        schema.SUMMARY_JOB_SERIES: series.result(),
+        schema.SUMMARY_NOTES: _dedupe_rank_notes(totals.notes, len(totals.entries)),
+        schema.SUMMARY_JOB_SERIES: totals.series.result(),
     }
-    return summary
 
 
-def _overall(
-    merged: dict[str, list[stats.Sketch]],
-    sums: dict[str, float],
-    counts: dict[str, int],
-    extremes: dict[str, tuple[float, float]],
-    rank_entries: list[dict[str, Any]],
-) -> dict[str, Any]:
+def _world_size(headers: dict[int, dict[str, Any]], found: list[int]) -> int:
+    """The largest world size a (checked) header claims, or the highest rank file + 1."""
+    claimed = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
+    return max(claimed, max(found) + 1) if found else claimed
+
+
+def _missing_ranks(world_size: int, found: list[int]) -> list[int]:
+    present = set(found)
+    return [rank for rank in range(world_size) if rank not in present]
+
+
+def _add_warmup_note(totals: _RunTotals, skipped: int, warmup: int) -> None:
+    recorded = totals.steps(schema.SUMMARY_STEPS_RECORDED)
+    analysed = totals.steps(schema.SUMMARY_STEPS_ANALYSED)
+    if skipped:
+        totals.notes.insert(
+            0,
+            f"skipped the first {skipped} step{'s' if skipped != 1 else ''} of each rank as "
+            "warm-up (DataLoader start-up, lazy initialisation, allocator growth); "
+            f"{analysed} of {recorded} steps analysed",
+        )
+    elif recorded and recorded <= warmup * len(totals.entries):
+        totals.notes.insert(0, "too few steps to skip a warm-up: every recorded step is analysed")
+
+
+def _samples_per_s(overall: dict[str, Any], setup: dict[str, Any], world_size: int) -> float | None:
+    batch = setup.get(schema.BATCH_SIZE)
+    accumulate = setup.get(schema.ACCUMULATE_GRAD_BATCHES) or 1
+    if not overall.get(schema.STEPS_PER_S) or not isinstance(batch, int):
+        return None
+    return overall[schema.STEPS_PER_S] * batch * accumulate * world_size
+
+
+def _overall(totals: _RunTotals) -> dict[str, Any]:
     phase_stats: dict[str, Any] = {}
     distributions: dict[str, list[float]] = {}
-    ps = stats.distribution_ps()
+    ps = tuple(stats.distribution_ps())
     for fieldname in _STAT_FIELDS:
-        sketches = merged.get(fieldname)
-        if not sketches:
+        field_totals = totals.fields.get(fieldname)
+        if field_totals is None or not field_totals.sketches:
             phase_stats[fieldname] = None
             continue
         wanted = fieldname in _DISTRIBUTED_FIELDS
-        quantiles = stats.merged_quantiles(sketches, sorted({0.5, 0.9, *(ps if wanted else ())}))
-        at = dict(zip(sorted({0.5, 0.9, *(ps if wanted else ())}), quantiles, strict=True))
-        median, p90 = at[0.5], at[0.9]
-        low, high = extremes[fieldname]
-        phase_stats[fieldname] = {
-            "count": counts[fieldname],
-            "sum": sums[fieldname],
-            "mean": sums[fieldname] / counts[fieldname],
-            "min": low,
-            "median": median,
-            "p90": p90,
-            "max": high,
-        }
+        phase_stats[fieldname], at = field_totals.describe(ps if wanted else ())
         if wanted:
             distributions[fieldname] = [round(at[p], 6) for p in ps]
     step_stats = phase_stats.get(schema.STEP)
-    overall: dict[str, Any] = {
+    entries = totals.entries
+    sums = {name: field_totals.total for name, field_totals in totals.fields.items()}
+    return {
         schema.PHASE_STATS: phase_stats,
         schema.SHARES: shares_from_sums(sums),
         schema.STEPS_PER_S: (
             1000.0 / step_stats["mean"] if step_stats and step_stats["mean"] > 0 else None
         ),
-        schema.PEAK_ALLOCATED: _max_or_none([e[schema.PEAK_ALLOCATED] for e in rank_entries]),
-        schema.PEAK_RESERVED: _max_or_none([e[schema.PEAK_RESERVED] for e in rank_entries]),
-        schema.PEAK_RSS: _max_or_none([e[schema.PEAK_RSS] for e in rank_entries]),
-        schema.BETWEEN_STEPS_MS: _max_or_none([e[schema.BETWEEN_STEPS_MS] for e in rank_entries]),
-        schema.WALL_MS: _max_or_none([e[schema.WALL_MS] for e in rank_entries]),
+        schema.PEAK_ALLOCATED: _max_or_none([e[schema.PEAK_ALLOCATED] for e in entries]),
+        schema.PEAK_RESERVED: _max_or_none([e[schema.PEAK_RESERVED] for e in entries]),
+        schema.PEAK_RSS: _max_or_none([e[schema.PEAK_RSS] for e in entries]),
+        schema.BETWEEN_STEPS_MS: _max_or_none([e[schema.BETWEEN_STEPS_MS] for e in entries]),
+        schema.AFTER_LAST_STEP_MS: _max_or_none([e[schema.AFTER_LAST_STEP_MS] for e in entries]),
+        schema.WALL_MS: _max_or_none([e[schema.WALL_MS] for e in entries]),
         schema.DISTRIBUTIONS: distributions,
     }
-    return overall
 
 
 def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -732,8 +1055,20 @@ def _setup(headers: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any
     }
 
 
+def _rank_ranges(ranks: list[int], most: int = 20) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8" (the first ``most`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return text + (f" and {len(runs) - most} more ranges" if len(runs) > most else "")
+
+
 def _missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) -> str:
-    ranks = ", ".join(str(r) for r in missing)
+    ranks = _rank_ranges(missing)
     per_node = None
     for header in headers.values():
         if (
@@ -743,7 +1078,7 @@ def _missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) 
             per_node = header[schema.LOCAL_WORLD_SIZE]
             break
     text = f"rank{'s' if len(missing) > 1 else ''} {ranks} missing: no rank file"
-    if per_node:
+    if per_node and len(missing) <= 4096:  # beyond that, a node list says nothing useful
         nodes = sorted({r // per_node for r in missing})
         seen_nodes = {h.get(schema.NODE_RANK) for h in headers.values()}
         absent = [n for n in nodes if n not in seen_nodes]

@@ -12,9 +12,11 @@ import textwrap
 from typing import Any
 
 from traceml import schema
-from traceml.diagnose import label
+from traceml.diagnose import label, noise_caveat
 
 WIDTH = 100
+# Rows of missing ranks listed in the per-rank table; the notes give them all, as ranges.
+MISSING_ROWS = 8
 
 
 def _ms(value: float | None, width: int = 9) -> str:
@@ -62,72 +64,108 @@ def headline(summary: dict[str, Any]) -> str:
     )
 
 
-def render_text(summary: dict[str, Any]) -> str:
-    lines: list[str] = []
-    lines.extend(_wrap(headline(summary), ""))
-    lines.append("")
-    verdicts = summary.get(schema.SUMMARY_VERDICTS) or []
-    if verdicts:
-        top = verdicts[0]
-        lines.append(f"Verdict: {label(top['kind'])} ({top['severity']})")
-        lines.extend(_wrap(top["why"], "  Why:  ", "        "))
-        lines.extend(_wrap(top["next"], "  Next: ", "        "))
-        for other in verdicts[1:]:
-            lines.extend(
-                _wrap(f"{label(other['kind'])} ({other['severity']}): {other['why']}", "  Also: ")
-            )
-        lines.append("")
+def banner() -> str:
+    """The line that opens the report on a terminal, so it stands out from the training's own
+    output and library warnings above it."""
+    return " traceml report ".center(WIDTH, "=")
 
+
+def for_terminal(text: str) -> str:
+    """``text`` as printed after a run: a blank line and the banner first."""
+    return f"\n{banner()}\n{text}"
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    lines: list[str] = [*_wrap(headline(summary), ""), ""]
+    for section in (_verdict_lines, _phase_lines, _rank_section, _note_lines):
+        block = section(summary)
+        if block:
+            lines.extend([*block, ""])
+    lines.append(f"Summary: {summary.get(schema.SUMMARY_RUN_DIR, '.')}/{schema.SUMMARY_JSON}")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _verdict_lines(summary: dict[str, Any]) -> list[str]:
+    verdicts = summary.get(schema.SUMMARY_VERDICTS) or []
+    if not verdicts:
+        return []
+    top = verdicts[0]
+    lines = [f"Verdict: {label(top[schema.VERDICT_KIND])} ({top[schema.VERDICT_SEVERITY]})"]
+    lines.extend(_wrap(top[schema.VERDICT_WHY], "  Why:  ", "        "))
+    lines.extend(_wrap(top[schema.VERDICT_NEXT], "  Next: ", "        "))
+    caveat = noise_caveat(summary)
+    if caveat:
+        lines.extend(_wrap(caveat, "  Caveat: ", "        "))
+    for other in verdicts[1:]:
+        text = (
+            f"{label(other[schema.VERDICT_KIND])} ({other[schema.VERDICT_SEVERITY]}): "
+            f"{other[schema.VERDICT_WHY]}"
+        )
+        lines.extend(_wrap(text, "  Also: "))
+    return lines
+
+
+def _phase_lines(summary: dict[str, Any]) -> list[str]:
     overall = summary.get(schema.SUMMARY_OVERALL) or {}
     phase_stats = overall.get(schema.PHASE_STATS) or {}
     shares = overall.get(schema.SHARES) or {}
-    if phase_stats.get(schema.STEP):
-        has_gpu = any(phase_stats.get(f) for f in schema.GPU_FIELDS)
-        lines.append("Phase breakdown per optimizer step (after warm-up)")
-        head = f"  {'Phase':<12}{'mean ms':>9}{'median':>9}{'p90':>9}{'max':>9}{'share':>8}"
-        if has_gpu:
-            head += f"{'GPU ms':>9}{'GPU share':>10}"
-        lines.append(head)
-        for fieldname in schema.TIMED_FIELDS:
-            described = phase_stats.get(fieldname)
-            share = 1.0 if fieldname == schema.STEP else shares.get(fieldname)
-            row = f"  {schema.PHASE_LABELS[fieldname]:<12}"
-            if described:
-                row += (
-                    _ms(described["mean"])
-                    + _ms(described["median"])
-                    + _ms(described["p90"])
-                    + _ms(described["max"])
-                    + _share(share, 8)
-                )
-            else:
-                row += "  not measured".ljust(44)
-            if has_gpu:
-                gpu_field = schema.GPU_OF_PHASE.get(fieldname)
-                gpu = phase_stats.get(gpu_field) if gpu_field else None
-                gpu_share = shares.get(gpu_field) if gpu_field else None
-                if fieldname == schema.STEP and gpu:
-                    gpu_share = 1.0
-                row += _ms(gpu["mean"] if gpu else None) + _share(gpu_share, 10)
-            lines.append(row.rstrip())
-        lines.extend(_comm_lines(phase_stats, shares))
-        lines.append("")
-        lines.extend(_throughput_lines(summary))
-        lines.append("")
+    if not phase_stats.get(schema.STEP):
+        return []
+    has_gpu = any(phase_stats.get(f) for f in schema.GPU_FIELDS)
+    lines = ["Phase breakdown per optimizer step (after warm-up)"]
+    head = f"  {'Phase':<12}{'mean ms':>9}{'median':>9}{'p90':>9}{'max':>9}{'share':>8}"
+    if has_gpu:
+        head += f"{'GPU ms':>9}{'GPU share':>10}"
+    lines.append(head)
+    for fieldname in schema.TIMED_FIELDS:
+        lines.append(_phase_row(fieldname, phase_stats, shares, has_gpu))
+    lines.extend(_comm_lines(phase_stats, shares))
+    lines.extend(
+        _wrap(
+            "The phase means add up to the step mean; medians and p90s are of each phase on "
+            "its own (taken from different steps), so they need not add up.",
+            "  ",
+        )
+    )
+    return [*lines, "", *_throughput_lines(summary)]
 
+
+def _phase_row(
+    fieldname: str, phase_stats: dict[str, Any], shares: dict[str, Any], has_gpu: bool
+) -> str:
+    described = phase_stats.get(fieldname)
+    share = 1.0 if fieldname == schema.STEP else shares.get(fieldname)
+    row = f"  {schema.PHASE_LABELS[fieldname]:<12}"
+    if described:
+        row += "".join(_ms(described[k]) for k in ("mean", "median", "p90", "max"))
+        row += _share(share, 8)
+    else:
+        row += "  not measured".ljust(44)
+    if has_gpu:
+        gpu_field = schema.GPU_OF_PHASE.get(fieldname)
+        gpu = phase_stats.get(gpu_field) if gpu_field else None
+        gpu_share = shares.get(gpu_field) if gpu_field else None
+        if fieldname == schema.STEP and gpu:
+            gpu_share = 1.0
+        row += _ms(gpu["mean"] if gpu else None) + _share(gpu_share, 10)
+    return row.rstrip()
+
+
+def _rank_section(summary: dict[str, Any]) -> list[str]:
     ranks = summary.get(schema.SUMMARY_RANKS) or []
     if len(ranks) > 1 or summary.get(schema.SUMMARY_RANKS_MISSING):
-        lines.extend(_rank_lines(summary))
-        lines.append("")
+        return _rank_lines(summary)
+    return []
 
+
+def _note_lines(summary: dict[str, Any]) -> list[str]:
     notes = summary.get(schema.SUMMARY_NOTES) or []
-    if notes:
-        lines.append("Notes")
-        for note in notes:
-            lines.extend(_wrap(note, "  - ", "    "))
-        lines.append("")
-    lines.append(f"Summary: {summary.get(schema.SUMMARY_RUN_DIR, '.')}/{schema.SUMMARY_JSON}")
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    if not notes:
+        return []
+    lines = ["Notes"]
+    for note in notes:
+        lines.extend(_wrap(str(note), "  - ", "    "))
+    return lines
 
 
 def _comm_lines(phase_stats: dict[str, Any], shares: dict[str, Any]) -> list[str]:
@@ -173,18 +211,34 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
             f"Peak device memory: {_bytes(overall.get(schema.PEAK_ALLOCATED))} allocated, "
             f"{_bytes(reserved)} reserved"
         )
-    lines = _wrap(";  ".join(parts), "  ")
+    return _wrap(";  ".join(parts), "  ") + _between_steps_lines(overall)
+
+
+def _between_steps_lines(overall: dict[str, Any]) -> list[str]:
+    """Training time outside the steps: between them, and after the last one until training
+    ended (final validation, checkpoints), when the rank files say when that was."""
     between = overall.get(schema.BETWEEN_STEPS_MS)
     wall = overall.get(schema.WALL_MS)
-    if between is not None and wall:
-        lines.extend(
-            _wrap(
-                f"Between steps (validation, checkpoints, epoch ends): {between / 1000:.2f} s "
-                f"of {wall / 1000:.2f} s in the training loop ({between / wall * 100:.0f}%)",
-                "  ",
-            )
+    after = overall.get(schema.AFTER_LAST_STEP_MS)
+    if between is None or not wall:
+        return []
+    if after is None:
+        text = (
+            f"Between steps (validation, checkpoints, epoch ends): {between / 1000:.2f} s of "
+            f"{wall / 1000:.2f} s from the first step's start to the last step's end "
+            f"({between / wall * 100:.0f}%); the time after the last step is unknown (no "
+            "footer with an end time)"
         )
-    return lines
+    else:
+        total = wall + after
+        outside = between + after
+        text = (
+            f"Outside steps (validation, checkpoints, epoch ends): {outside / 1000:.2f} s of "
+            f"{total / 1000:.2f} s from the first step to the end of training "
+            f"({outside / total * 100:.0f}%): {between / 1000:.2f} s between steps, "
+            f"{after / 1000:.2f} s after the last step"
+        )
+    return _wrap(text, "  ")
 
 
 _RANK_COLUMNS = {
@@ -235,8 +289,11 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
         if slowest == entry[schema.RANK] and len(entries) > 1:
             status += " (slowest)"
         lines.append(f"{row}  {status}")
-    for rank in summary.get(schema.SUMMARY_RANKS_MISSING) or []:
+    missing = summary.get(schema.SUMMARY_RANKS_MISSING) or []
+    for rank in missing[:MISSING_ROWS]:
         lines.append(f"  {rank:<5}" + (f"{'-':<5}" if show_node else "") + f"{'-':>6}  missing")
+    if len(missing) > MISSING_ROWS:
+        lines.append(f"  ... and {len(missing) - MISSING_ROWS} more missing ranks (see Notes)")
     if with_comm:
         lines.extend(
             _wrap(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 RANK_SCHEMA = "traceml.rank/1.1"
 SUMMARY_SCHEMA = "traceml.summary/1.1"
-COMPARISON_SCHEMA = "traceml.comparison/1.0"
+COMPARISON_SCHEMA = "traceml.comparison/2.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
 
 # Record kinds (one JSON object per line in ranks/rank_<R>.jsonl).
@@ -93,6 +93,9 @@ MEM_PEAK_ALLOCATED = "mem_peak_allocated_bytes"
 MEM_PEAK_RESERVED = "mem_peak_reserved_bytes"
 RSS = "rss_bytes"
 OPTIMIZER_STEPPED = "optimizer_stepped"
+# traceml's own cost: time spent inside its hooks and writes since the previous step record
+# (the record's own write counts towards the next one), microseconds.
+TRACEML_COST_US = "traceml_us"
 
 # Header fields.
 SCHEMA = "schema"
@@ -130,6 +133,11 @@ STATUS = "status"
 STEPS = "steps"
 ENDED_AT = "ended_at"
 ERROR = "error"
+
+# The exception a rank stopped on: the footer's ERROR is "<type name>: <first line>"; writers
+# that know the type name alone may also set ERROR_TYPE.
+ERROR_TYPE = "error_type"
+ERROR_TYPE_KEYBOARD_INTERRUPT = "KeyboardInterrupt"
 
 STATUS_COMPLETED = "completed"
 STATUS_EXCEPTION = "exception"
@@ -174,7 +182,21 @@ MANIFEST_JSON = "manifest.json"
 # Top level.
 SUMMARY_RUN_DIR = "run_dir"
 SUMMARY_GENERATED_AT = "generated_at"
-SUMMARY_STATUS = "status"  # completed | partial | failed | interrupted | unsupported | empty
+SUMMARY_STATUS = "status"  # one of RUN_STATUSES
+RUN_COMPLETED = "completed"
+RUN_PARTIAL = "partial"  # a rank missing, or a file without its header or footer
+RUN_FAILED = "failed"  # a rank ended on an exception
+RUN_INTERRUPTED = "interrupted"  # Ctrl-C / SIGTERM
+RUN_UNSUPPORTED = "unsupported"  # no rank was traced (the setup is not supported)
+RUN_EMPTY = "empty"  # traced, but no step recorded
+RUN_STATUSES: tuple[str, ...] = (
+    RUN_COMPLETED,
+    RUN_PARTIAL,
+    RUN_FAILED,
+    RUN_INTERRUPTED,
+    RUN_UNSUPPORTED,
+    RUN_EMPTY,
+)
 SUMMARY_SETUP = "setup"
 SUMMARY_RANKS_EXPECTED = "ranks_expected"
 SUMMARY_RANKS_FOUND = "ranks_found"
@@ -200,6 +222,8 @@ PEAK_RESERVED = "mem_peak_reserved_bytes"
 PEAK_RSS = "rss_peak_bytes"
 BETWEEN_STEPS_MS = "between_steps_ms"  # sum of gap_ms: validation, checkpoints, epoch ends
 WALL_MS = "wall_ms"  # first step start to last step end
+# Last step end to the end of training (the footer): final validation, checkpoints, teardown.
+AFTER_LAST_STEP_MS = "after_last_step_ms"
 DISTRIBUTIONS = "distributions"  # field -> DISTRIBUTION_POINTS quantiles (overall only)
 TIMELINE = "timeline"  # rank only: {"steps_per_bin", "first_step", "bins": [{phase: ms}]}
 # A rank's own time: the step minus its waits on other ranks (COMM); for files without
@@ -217,6 +241,10 @@ GPU_OWN_OF_PHASE: dict[str, str] = {
 COMM_SHARE = "comm_share"  # inside "shares": sum of COMM over sum of step time
 GPU_COMM_SHARE = "gpu_comm_share"
 
+# Inside each entry of "ranks" besides the statistics: the footer's ERROR and ERROR_TYPE, and
+# why the rank was not traced (the EVENT_UNSUPPORTED event's message), or null.
+NOT_TRACED_REASON = "not_traced_reason"
+
 # Inside "imbalance".
 IMBALANCE_FIELDS = "fields"  # field -> {"max_over_median", "slowest_rank", "rank_medians"}
 SLOWEST_RANK = "slowest_rank"
@@ -225,3 +253,46 @@ SLOWEST_RANK = "slowest_rank"
 # The job's step series (traceml/job_series.py): one value per step of the whole job, the
 # unit compare's statistics need (ranks move in lock-step, so they are not separate samples).
 SUMMARY_JOB_SERIES = "job_series"
+
+# --- Verdicts (diagnose.py): each is {VERDICT_KIND, VERDICT_SEVERITY, VERDICT_WHY,
+# VERDICT_NEXT, VERDICT_EVIDENCE}. Kinds and severities are compared by identity, never looked
+# for in the human-readable text.
+VERDICT_KIND = "kind"
+VERDICT_SEVERITY = "severity"
+VERDICT_WHY = "why"
+VERDICT_NEXT = "next"
+VERDICT_EVIDENCE = "evidence"
+
+SEVERITY_CRITICAL = "critical"
+SEVERITY_WARN = "warn"
+SEVERITY_INFO = "info"
+SEVERITIES: tuple[str, ...] = (SEVERITY_CRITICAL, SEVERITY_WARN, SEVERITY_INFO)  # worst first
+
+VERDICT_INPUT_BOUND = "INPUT_BOUND"
+VERDICT_H2D_BOUND = "H2D_BOUND"
+VERDICT_COMPUTE_BOUND = "COMPUTE_BOUND"
+VERDICT_OPTIMIZER_HEAVY = "OPTIMIZER_HEAVY"
+VERDICT_RESIDUAL_HEAVY = "RESIDUAL_HEAVY"
+VERDICT_STRAGGLER = "STRAGGLER"
+VERDICT_COMM_BOUND = "COMM_BOUND"
+VERDICT_MEMORY_PRESSURE = "MEMORY_PRESSURE"
+VERDICT_INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
+VERDICT_NO_CLEAR_BOTTLENECK = "NO_CLEAR_BOTTLENECK"
+VERDICT_NOT_TRACED = "NOT_TRACED"
+VERDICT_KINDS: tuple[str, ...] = (
+    VERDICT_INPUT_BOUND,
+    VERDICT_H2D_BOUND,
+    VERDICT_COMPUTE_BOUND,
+    VERDICT_OPTIMIZER_HEAVY,
+    VERDICT_RESIDUAL_HEAVY,
+    VERDICT_STRAGGLER,
+    VERDICT_COMM_BOUND,
+    VERDICT_MEMORY_PRESSURE,
+    VERDICT_INSUFFICIENT_DATA,
+    VERDICT_NO_CLEAR_BOTTLENECK,
+    VERDICT_NOT_TRACED,
+)
+
+# The most ranks a run can have: a rank file or header beyond it is not believed (a file named
+# rank_1000000000.jsonl must not make the reducer list a billion missing ranks).
+MAX_WORLD_SIZE = 1 << 20

@@ -13,7 +13,9 @@ import os
 import sys
 import time
 
-from traceml.thresholds import ThresholdError, parse_threshold_override
+from traceml.errors import SettingsError, ThresholdError
+from traceml.thresholds import parse_threshold_override
+from traceml_bootstrap import OFF_VALUES
 
 # typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
 TYPE_CHECKING = False
@@ -42,14 +44,10 @@ ENV_RUN_NAME_DERIVED = "TRACEML_RUN_NAME_DERIVED"
 DEFAULT_LOGS_DIR = "logs"
 DEFAULT_REPORT_WAIT_S = 10.0
 
-_OFF_VALUES = frozenset({"", "0", "false", "no", "off"})
+_OFF_VALUES = frozenset(OFF_VALUES)  # the rule the start-up hook applies to TRACEML
 _ON_VALUES = frozenset({"1", "true", "yes", "on"})
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _NAME_MAX = 128
-
-
-class SettingsError(ValueError):
-    """A TRACEML_* value that cannot be honoured; the message names the variable."""
 
 
 class Settings:
@@ -352,3 +350,12 @@ def distributed_env(environ: Mapping[str, str] | None = None) -> DistributedEnv:
         node_rank=as_int("GROUP_RANK") if as_int("GROUP_RANK") is not None else as_int("NODE_RANK"),
         elastic_run_id=run_id,
     )
+
+
+ENV_FAULT_INJECT = "TRACEML_FAULT_INJECT"  # tests only: the entry point that must fail
+
+
+def fault_injection_point(environ: Mapping[str, str] | None = None) -> str | None:
+    """The traceml entry point the fault-injection tests make raise (see traceml.guard)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_FAULT_INJECT, "").strip() or None

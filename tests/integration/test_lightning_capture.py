@@ -284,18 +284,14 @@ class LaggingEvent:
     def elapsed_time(self, end):
         return (end.t - self.t) * 1000.0
 
-original_start = L.StepTimingMixin._start
-
-def start_with_fake_cuda(self, trainer, pl_module):
-    original_start(self, trainer, pl_module)
-    self.gpu = CudaStepTimer(
+def fake_device_timer(self, pl_module):
+    return CudaStepTimer(
         new_event=LaggingEvent,
-        reset_peak=lambda: None,
         peak_allocated=lambda: 1000,
         peak_reserved=lambda: 2000,
     )
 
-L.StepTimingMixin._start = start_with_fake_cuda
+L.StepTiming._device_timer = fake_device_timer
 """
 
 

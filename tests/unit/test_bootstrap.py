@@ -139,7 +139,7 @@ def test_a_failing_hook_never_breaks_the_import(tmp_path, monkeypatch, capsys):
 
     assert traceml_hook_bad.X == 1
     err = capsys.readouterr().err
-    assert "an import hook for traceml_hook_bad failed (ValueError: nope)" in err
+    assert "the import hook for traceml_hook_bad failed (ValueError: nope)" in err
     del sys.modules["traceml_hook_bad"]
 
 

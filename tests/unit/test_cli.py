@@ -66,3 +66,48 @@ def test_script_args_after_args_are_untouched():
     head, tail = _split_script_args(["run", "t.py", "--html", "--args", "--html", "-m", "x"])
     assert head == ["run", "t.py", "--html"]
     assert tail == ["--html", "-m", "x"]
+
+
+def test_ctrl_c_is_read_from_the_rank_status_not_found_in_note_text(tmp_path):
+    # Was: any note containing "KeyboardInterrupt" made `traceml run` exit 130.
+    from traceml.launch import _was_keyboard_interrupt
+    from traceml.reduce import reduce_run
+
+    from rankfiles import step
+
+    def summary_with(error):
+        run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
+        records = [header(), *[step(i, forward=5) for i in range(5)]]
+        write_rank(run_dir, 0, [*records, footer(5, status="interrupted", error=error)])
+        return reduce_run(run_dir)
+
+    assert _was_keyboard_interrupt(summary_with("KeyboardInterrupt"))
+    assert not _was_keyboard_interrupt(summary_with("RuntimeError: caught KeyboardInterrupt"))
+    assert not _was_keyboard_interrupt(summary_with(None))
+
+
+def test_user_errors_map_to_their_exit_code_in_main_only(monkeypatch, capsys):
+    from traceml import errors
+
+    class Custom(errors.UserError):
+        exit_code = 5
+
+    def explode(args):
+        raise Custom("what went wrong, and what to do")
+
+    monkeypatch.setattr("traceml.cli._report", explode)
+    assert main(["report", "anything"]) == 5
+    assert capsys.readouterr().err == "traceml: error: what went wrong, and what to do\n"
+
+
+def test_launch_does_not_import_the_cli():
+    import ast
+    from pathlib import Path
+
+    import traceml.launch
+
+    tree = ast.parse(Path(traceml.launch.__file__).read_text())
+    imported = {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert "traceml.cli" not in imported

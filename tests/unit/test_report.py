@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from traceml import schema
 from traceml.finalize import summarise
 from traceml.report import render_html, render_text
@@ -54,6 +56,72 @@ def test_html_is_self_contained(tmp_path):
     assert "<script" not in page
     assert not re.search(r"(src|href)=\"https?://", page)
     assert page.count("<svg") == 2  # one timeline per rank
-    assert "INPUT-BOUND" in page or "NO-CLEAR-BOTTLENECK" in page or "COMPUTE" in page
+    # Input Wait is a third of the step: INPUT_BOUND (warn, from 25%) heads the page.
+    assert '<div class="verdict warn"><h2>INPUT-BOUND (warn)</h2>' in page
     # 300 steps are binned into at most 200 bars per rank.
     assert page.count("<rect") <= 2 * 200 * 6
+
+
+def _run_with_a_tail(tmp_path, *, tail_s, step_ms=100.0, noisy=False):
+    """One rank, 20 steps back to back, then ``tail_s`` of validation/checkpointing before the
+    footer; clock origin, start and end times consistent with each other."""
+    from datetime import datetime, timedelta, timezone
+
+    from rankfiles import footer, header, step, write_rank
+
+    origin = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    records = [header(clock_origin_unix=origin.timestamp(), started_at=origin.isoformat())]
+    t = 0.0
+    for index in range(20):
+        forward = step_ms * (10 if noisy and index % 4 == 0 else 1) / 2
+        records.append(step(index, t_ms=t, forward=forward, backward=forward))
+        t += 2 * forward + 0.5
+    ended = origin + timedelta(milliseconds=t + tail_s * 1000)
+    records.append(footer(20, ended_at=ended.isoformat(timespec="milliseconds")))
+    write_rank(tmp_path, 0, records)
+    return summarise(tmp_path, write=False)
+
+
+def test_time_after_the_last_step_is_counted_outside_steps(tmp_path):
+    summary, text = _run_with_a_tail(tmp_path, tail_s=5.0)
+    assert summary["overall"][schema.AFTER_LAST_STEP_MS] == pytest.approx(5000.5, abs=1.0)
+    line = " ".join(text.split())
+    assert "Outside steps (validation, checkpoints, epoch ends): 5.01 s of 7.01 s" in line
+    assert "0.01 s between steps, 5.00 s after the last step" in line
+
+
+def test_without_an_end_time_between_steps_says_what_it_covers(tmp_path):
+    synthetic_run(tmp_path, forward=30, backward=60)  # its clock origin predates its start
+    summary, text = summarise(tmp_path, write=False)
+    assert summary["overall"][schema.AFTER_LAST_STEP_MS] is None
+    line = " ".join(text.split())
+    assert "from the first step's start to the last step's end" in line
+    assert "the time after the last step is unknown" in line
+
+
+def test_means_add_up_and_medians_need_not(tmp_path):
+    _summary, text = _run_with_a_tail(tmp_path, tail_s=1.0)
+    assert "The phase means add up to the step mean; medians and p90s are of each phase" in (
+        " ".join(text.split())
+    )
+
+
+def test_very_uneven_steps_get_a_caveat_and_even_ones_do_not(tmp_path):
+    _summary, even = _run_with_a_tail(tmp_path / "even", tail_s=1.0)
+    assert "Caveat:" not in even
+    summary, noisy = _run_with_a_tail(tmp_path / "noisy", tail_s=1.0, noisy=True)
+    step = summary["overall"]["phases"][schema.STEP]
+    assert step["p90"] / step["median"] >= 2.0
+    lines = noisy.splitlines()
+    caveat = next(i for i, line in enumerate(lines) if line.startswith("  Caveat: "))
+    assert lines[caveat - 1].startswith("  ") and lines[3].startswith("  Why:")
+    assert "the verdict describes where they spend their time" in " ".join(noisy.split())
+
+
+def test_the_terminal_report_opens_with_a_banner(tmp_path):
+    from traceml.report import for_terminal
+
+    _summary, text = _run_with_a_tail(tmp_path, tail_s=1.0)
+    printed = for_terminal(text).splitlines()
+    assert printed[0] == "" and len(printed[1]) == 100
+    assert printed[1].strip("=") == " traceml report " and printed[2] == text.splitlines()[0]

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traceml import schema
+from traceml.guard import entry_point
 
 clock_ns = time.perf_counter_ns
 
@@ -104,6 +105,8 @@ class CommTimer:
         self.bucket_note: str | None = None  # why bucket timing is off
         self._on_failure = on_failure
         self._now = now
+        self.own_cost_ns = 0  # time inside this timer's entry points (traceml.guard)
+        self._failed = False
         self._depth = 0  # >0 inside a timed call: collectives it makes pass through
         self._undo: list[Callable[[], None]] = []
         self._register_original: Callable[..., Any] | None = None
@@ -139,11 +142,7 @@ class CommTimer:
 
         @functools.wraps(original)
         def register_comm_hook(ddp: Any, state: Any, hook: Any) -> Any:
-            timed = hook
-            try:
-                timed = timer.bucket_hook(hook)
-            except Exception as exc:  # pragma: no cover - functools.wraps on an odd callable
-                timer._fail("communication-hook timing", exc)
+            timed = timer.wrapped_hook(hook) or hook
             result = original(ddp, state, timed)
             if timed is not hook:
                 ddp._traceml_timed_hook = True
@@ -158,6 +157,11 @@ class CommTimer:
                 ddp_class.register_comm_hook = original
 
         self._undo.append(restore)
+
+    @entry_point("distributed.register_comm_hook", "DDP.register_comm_hook, wrapped")
+    def wrapped_hook(self, hook: Any) -> Any:
+        """The user's DDP communication hook with timing around it."""
+        return self.bucket_hook(hook)
 
     def attach_buckets(self, ddp: Any) -> None:
         """Time ``ddp``'s gradient buckets: keep a hook already wrapped at registration, else
@@ -212,10 +216,7 @@ class CommTimer:
         def timed_collective(*args: Any, **kwargs: Any) -> Any:
             token = None
             if timer.active and not timer._depth:
-                try:
-                    token = timer._collective_started(args, kwargs, payload_position)
-                except Exception as exc:
-                    timer._fail("collective timing", exc)
+                token = timer._collective_started(args, kwargs, payload_position)
             if token is None:
                 return original(*args, **kwargs)
             timer._depth += 1
@@ -223,15 +224,13 @@ class CommTimer:
                 result = original(*args, **kwargs)  # the user's errors pass through unchanged
             finally:
                 timer._depth -= 1
-            try:
-                return timer._collective_ended(token, result)
-            except Exception as exc:
-                timer._fail("collective timing", exc)
-                return result
+            timed = timer._collective_ended(token, result)
+            return result if timed is None else timed
 
         setattr(timed_collective, _WRAPPED, True)
         return timed_collective
 
+    @entry_point("distributed.collective_start", "a torch.distributed collective, before it")
     def _collective_started(self, args: tuple, kwargs: dict, position: int) -> tuple | None:
         phase = self.clock.current_phase()
         if phase is None:
@@ -240,6 +239,7 @@ class CommTimer:
         start_event = self.gpu.mark() if self.gpu is not None else None
         return phase, nbytes, start_event, self._now()
 
+    @entry_point("distributed.collective_end", "a torch.distributed collective, after it")
     def _collective_ended(self, token: tuple, result: Any) -> Any:
         end = self._now()
         phase, nbytes, start_event, start = token
@@ -249,8 +249,9 @@ class CommTimer:
             return TimedWork(result, self, start_event)
         if start_event is not None:
             self.gpu.add_comm(phase, start_event, self.gpu.mark())
-        return result
+        return None
 
+    @entry_point("distributed.work_wait", "wait() of an async collective, after it")
     def work_waited(self, start: int, end: int, start_event: Any) -> None:
         phase = self.clock.current_phase() if self.active else None
         if phase is None:
@@ -271,10 +272,7 @@ class CommTimer:
         def timed_bucket_hook(state: Any, bucket: Any) -> Any:
             token = None
             if timer.active and not timer._depth:
-                try:
-                    token = timer._bucket_started(bucket)
-                except Exception as exc:
-                    timer._fail("gradient-bucket timing", exc)
+                token = timer._bucket_started(bucket)
             if token is None:
                 return hook(state, bucket)
             timer._depth += 1
@@ -282,11 +280,8 @@ class CommTimer:
                 future = hook(state, bucket)
             finally:
                 timer._depth -= 1
-            try:
-                return timer._bucket_launched(token, future)
-            except Exception as exc:
-                timer._fail("gradient-bucket timing", exc)
-                return future
+            timed = timer._bucket_launched(token, future)
+            return future if timed is None else timed
 
         return timed_bucket_hook
 
@@ -298,17 +293,20 @@ class CommTimer:
         self._bucket_done: list[int] = []
         self._bucket_event: Any = None
 
+    @entry_point("distributed.backward_started", "the bucket timer, at the start of backward")
     def backward_started(self) -> None:
         if self._bucket_event is not None and self.gpu is not None:
             self.gpu.release(self._bucket_event)
         self._reset_buckets()
 
+    @entry_point("distributed.bucket_start", "a DDP gradient bucket's hook, before it")
     def _bucket_started(self, bucket: Any) -> tuple | None:
         if self.clock.current_phase() is None:
             return None
         buffer = bucket.buffer()
         return buffer.numel() * buffer.element_size(), self._now()
 
+    @entry_point("distributed.bucket_launched", "a DDP gradient bucket's hook, after it")
     def _bucket_launched(self, token: tuple, future: Any) -> Any:
         end = self._now()
         nbytes, start = token
@@ -331,6 +329,7 @@ class CommTimer:
 
         return future.then(completed)
 
+    @entry_point("distributed.backward_finished", "the bucket timer, at the end of backward")
     def backward_finished(self) -> None:
         """End of backward (``on_after_backward``): charge the buckets' exposed wait."""
         if not self._bucket_count:
@@ -352,9 +351,13 @@ class CommTimer:
 
     # -- failure ---------------------------------------------------------------------------
 
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        self._fail(name, exc)
+
     def _fail(self, piece: str, exc: BaseException) -> None:
-        if not self.active:
+        if self._failed:
             return
+        self._failed = True
         self.active = False
         self._on_failure(f"{piece} failed ({type(exc).__name__}: {exc})")
 
@@ -379,10 +382,7 @@ class TimedWork:
         result = self._work.wait(*args, **kwargs)
         end = timer._now()
         event, self._start_event = self._start_event, None
-        try:
-            timer.work_waited(start, end, event)
-        except Exception as exc:
-            timer._fail("collective timing", exc)
+        timer.work_waited(start, end, event)
         return result
 
     def __getattr__(self, name: str) -> Any:

@@ -13,29 +13,34 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
         on_before_optimizer_step, clipping, the update                          -> Optimizer
     lr schedulers, on_train_batch_end  (callbacks before this one are in Optimizer)
 
-There is no callback hook around the fetch, hence the fetcher swap; the swap is per instance
-(``__class__`` of the one training fetcher), so validation fetchers and other trainers are
-untouched. Sanity checks and validation run through other loops and are never timed: every
-boundary is only honoured while a training microbatch is open.
+Sanity checks and validation run through other loops and are never timed: every boundary is
+only honoured while a training microbatch is open.
+
+Who does what: this module attaches the callback to the first training fit of the process
+(:func:`attach`) and dispatches Lightning's hooks; ``lightning_instruments`` installs the
+fetcher / transfer / forward instruments; ``traceml.capture.StepClock`` turns boundaries into
+step records; ``traceml.recorder.RankRecorder`` writes them; ``traceml.lifecycle`` says which
+state the training is in. Every hook and instrument callback is a guarded entry point
+(``traceml.guard``): a failure inside traceml turns tracing off with one warning and never
+reaches the user.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import socket
-import sys
 import threading
 import time
 import weakref
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from traceml import capture, console, schema
+from traceml.guard import entry_point
+from traceml.lifecycle import Lifecycle, State
+from traceml.recorder import RankRecorder, build_header
 from traceml.settings import Settings
-from traceml.sink import RankSink, SinkError
-from traceml.versions import package_versions
+
+from .lightning_instruments import Instruments, forward_module
 
 clock_ns = time.perf_counter_ns
 RSS_EVERY_NS = 10_000_000
@@ -44,6 +49,10 @@ _claim_lock = threading.Lock()
 _claimed_trainer: weakref.ref | None = None
 _warned_second_training = False
 
+# Lightning's tuner runs a fit of its own (Tuner.lr_find / scale_batch_size add one of these
+# callbacks with _early_exit=True, then call trainer.fit); that fit is not the user's training.
+_TUNER_CALLBACKS = frozenset({"LearningRateFinder", "BatchSizeFinder"})
+
 
 # ----------------------------------------------------------------------------------------------
 # Attaching
@@ -51,7 +60,7 @@ _warned_second_training = False
 
 def find_traceml_callback(trainer: Any) -> Any | None:
     for callback in getattr(trainer, "callbacks", None) or []:
-        if isinstance(callback, StepTimingMixin):
+        if isinstance(callback, StepTiming):
             return callback
     return None
 
@@ -82,8 +91,7 @@ def attach(
                     "a second training in this process is not traced (one run per process)"
                 )
             return None
-        callback_class = callback_class_for(trainer)
-        callback = callback_class(
+        callback = callback_class_for(trainer)(
             settings,
             integration=integration,
             unsupported_reason=unsupported_reason,
@@ -114,14 +122,14 @@ def on_import(module: Any) -> None:
 
 
 def _fit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    try:
-        _attach_before_fit(instance)
-    except Exception as exc:
-        console.warn(f"could not attach to Trainer.fit ({type(exc).__name__}: {exc}); untraced")
+    attach_before_fit(instance)
     return wrapped(*args, **kwargs)
 
 
-def _attach_before_fit(trainer: Any) -> None:
+@entry_point(
+    "lightning.Trainer.fit", "the Trainer.fit wrapper, before the user's fit", owner_arg=-1
+)
+def attach_before_fit(trainer: Any) -> None:
     from traceml import bootstrap
 
     settings = bootstrap.active_settings()
@@ -130,86 +138,42 @@ def _attach_before_fit(trainer: Any) -> None:
     attach(trainer, settings)
 
 
-# ----------------------------------------------------------------------------------------------
-# The callback class, built on demand for whichever Lightning package the trainer comes from
-
-_CLASS_NAMES = {
-    "pytorch_lightning": "PytorchLightningStepCallback",
-    "lightning.pytorch": "LightningStepCallback",
-}
-_classes: dict[str, type] = {}
-
-
-def _lightning_package(trainer: Any) -> str:
-    module = type(trainer).__module__
-    if module.startswith("lightning.pytorch") or module.startswith("lightning."):
-        return "lightning.pytorch"
+def lightning_package(trainer: Any) -> str:
+    """Which Lightning the trainer is from, by the first Lightning class in its MRO (a Trainer
+    subclass defined in the user's script has the script's module name)."""
+    for klass in type(trainer).__mro__:
+        module = klass.__module__ or ""
+        if module == "lightning" or module.startswith("lightning."):
+            return "lightning.pytorch"
+        if module.startswith("pytorch_lightning"):
+            return "pytorch_lightning"
     return "pytorch_lightning"
 
 
-def _build_class(package: str) -> type:
-    if package not in _classes:
-        import importlib
-
-        base = importlib.import_module(package).Callback
-        name = _CLASS_NAMES[package]
-        _classes[package] = type(name, (StepTimingMixin, base), {"__module__": __name__})
-    return _classes[package]
-
-
 def callback_class_for(trainer: Any) -> type:
-    return _build_class(_lightning_package(trainer))
+    if lightning_package(trainer) == "lightning.pytorch":
+        from .callback_lightning import LightningStepCallback
+
+        return LightningStepCallback
+    from .callback_pytorch_lightning import PytorchLightningStepCallback
+
+    return PytorchLightningStepCallback
 
 
-def __getattr__(name: str) -> type:
-    # Lets pickle find the generated classes (ddp_spawn ships the trainer to its children).
-    for package, class_name in _CLASS_NAMES.items():
-        if name == class_name:
-            return _build_class(package)
-    raise AttributeError(name)
-
-
-# ----------------------------------------------------------------------------------------------
-# Instruments: the three places Lightning offers no hook
-
-
-_timed_fetchers: dict[type, type] = {}
-
-
-def _timed_fetcher_class(base: type) -> type:
-    if base not in _timed_fetchers:
-
-        def __iter__(self):
-            observer = self.__dict__.get("_traceml_observer")
-            start = clock_ns()
-            result = super(timed, self).__iter__()
-            if observer is not None:
-                observer._iterator_created(start, clock_ns())
-            return result
-
-        def __next__(self):
-            observer = self.__dict__.get("_traceml_observer")
-            start = clock_ns()
-            batch = super(timed, self).__next__()  # user errors and StopIteration pass through
-            if observer is not None:
-                observer._fetched(start, clock_ns())
-            return batch
-
-        timed = type(
-            f"TraceMLTimed{base.__name__}",
-            (base,),
-            {"__iter__": __iter__, "__next__": __next__, "__module__": __name__},
-        )
-        _timed_fetchers[base] = timed
-    return _timed_fetchers[base]
+def _is_tuner_fit(trainer: Any) -> bool:
+    return any(
+        type(callback).__name__ in _TUNER_CALLBACKS and getattr(callback, "_early_exit", False)
+        for callback in getattr(trainer, "callbacks", None) or []
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # The callback
 
 
-class StepTimingMixin:
-    """Lightning callback body; see the module docstring for what each phase covers."""
+class StepTiming:
+    """Lightning callback body (mixed into each package's ``Callback``; see the module
+    docstring for what each phase covers)."""
 
     def __init__(
         self,
@@ -240,145 +204,205 @@ class StepTimingMixin:
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:
-        self.state = "idle"  # idle -> ready -> tracing -> done; or disabled / unsupported
-        self.sink: RankSink | None = None
+        self.life = Lifecycle()
+        self.recorder: RankRecorder | None = None
         self.clock: capture.StepClock | None = None
         self.gpu: Any = None
+        self.comm: Any = None  # distributed.CommTimer in a multi-rank run
+        self.instruments = Instruments(self)
         self.rank_info: dict[str, Any] = {}
-        self.header_written = False
-        self.footer_written = False
-        self.steps_written = 0
-        self.status: str | None = None
-        self.error: str | None = None
         self.pid = os.getpid()
-        self._uninstall: list[Any] = []
+        self.own_cost_ns = 0  # time inside traceml's entry points (traceml.guard adds to it)
+        self._cost_reported_ns = 0
         self._trainer_ref: weakref.ref | None = None
         self._header_extra: dict[str, Any] = {}
+        self._clock_origin_unix = time.time()
         self._rss = None
         self._rss_at = 0
-        self._fetcher: Any = None
-        self._restore_fetcher: Any = None
-        self.comm: Any = None  # distributed.CommTimer in a multi-rank run
+        self._disabled_warned = False
 
     @property
     def state_key(self) -> str:
         return "traceml.StepTiming"
 
-    # -- guarded execution ---------------------------------------------------------------------
+    @property
+    def tracing(self) -> bool:
+        return self.life.state is State.TRACING
 
-    def _guard(self, action: str, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:
-            self._disable(f"{action} failed ({type(exc).__name__}: {exc})")
+    # -- failure ---------------------------------------------------------------------------
+
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        self._disable(f"{name} failed ({type(exc).__name__}: {exc})")
 
     def _disable(self, reason: str) -> None:
-        if self.state in ("disabled", "unsupported"):
-            return
-        self.state = "disabled"
-        self.status = schema.STATUS_DISABLED
+        """Tracing off for this process: one warning, instruments removed, a note in the file."""
         self._remove_instruments()
+        if self.life.state in (State.DISABLED, State.UNSUPPORTED) or self._disabled_warned:
+            return
+        self._disabled_warned = True
+        self.life.move(State.DISABLED)  # allowed from every state but the final ones
+        if self.recorder is not None:
+            self.recorder.status = schema.STATUS_DISABLED
         console.warn(f"tracing disabled: {reason}; training continues untraced", all_ranks=True)
         try:
-            self._write_event("warning", schema.EVENT_DISABLED, reason)
+            self._ensure_header()
+            if self.recorder is not None:
+                self.recorder.event("warning", schema.EVENT_DISABLED, reason)
         except Exception:
             pass
 
-    # -- Lightning hooks -------------------------------------------------------------------------
+    # -- Lightning hooks -------------------------------------------------------------------
 
+    @entry_point("lightning.setup", "Lightning's setup hook (fit)")
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage != "fit" or self.state != "idle":
+        if stage != "fit" or self.life.state is not State.IDLE:
             return
-        self._guard("setup", self._setup, trainer, pl_module)
+        if _is_tuner_fit(trainer):
+            return  # the tuner's own fit: stay idle for the training that follows
+        self._setup(trainer, pl_module)
 
+    @entry_point("lightning.on_train_start", "Lightning's on_train_start hook")
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.state == "ready":
-            self._guard("on_train_start", self._start, trainer, pl_module)
+        if self.life.state is State.READY:
+            self._start(trainer, pl_module)
 
+    @entry_point("lightning.on_train_epoch_start", "Lightning's on_train_epoch_start hook")
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # reload_dataloaders_every_n_epochs gives the loop a new fetcher: time that one.
-        if self.state == "tracing":
+        if self.life.state is State.TRACING:
             fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
-            if fetcher is not None and fetcher is not self._fetcher:
-                self._guard("on_train_epoch_start", self._instrument_fetcher, fetcher)
+            if fetcher is not None and fetcher is not self.instruments.fetcher:
+                self.instruments.instrument_fetcher(fetcher)
 
+    @entry_point("lightning.on_before_backward", "Lightning's on_before_backward hook")
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self.state == "tracing" and self.clock.in_microbatch:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
             if self.comm is not None:
-                self._guard("on_before_backward", self.comm.backward_started)
-            now = clock_ns()
-            self.clock.backward_started(now)
+                self.comm.backward_started()
+            self.clock.backward_started(clock_ns())
             if self.gpu is not None:
-                self._guard("on_before_backward", self.gpu.phase_started, "backward")
+                self.gpu.phase_started("backward")
 
+    @entry_point("lightning.on_after_backward", "Lightning's on_after_backward hook")
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        if self.state == "tracing" and self.clock.in_microbatch:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
             if self.comm is not None:
-                self._guard("on_after_backward", self.comm.backward_finished)
+                self.comm.backward_finished()
             if self.gpu is not None:
-                self._guard("on_after_backward", self.gpu.phase_ended, "backward")
+                self.gpu.phase_ended("backward")
             self.clock.backward_ended(clock_ns())
 
+    @entry_point("lightning.on_before_optimizer_step", "Lightning's on_before_optimizer_step")
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.state == "tracing" and self.clock.in_microbatch:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
             self.clock.optimizer_started(clock_ns())
             if self.gpu is not None:
-                self._guard("on_before_optimizer_step", self.gpu.phase_started, "optimizer")
+                self.gpu.phase_started("optimizer")
 
+    @entry_point("lightning.on_train_batch_end", "Lightning's on_train_batch_end hook")
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         # The hottest hook (it writes the record): kept flat on purpose.
-        if self.state == "tracing" and self.clock.in_microbatch:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
             now = clock_ns()
-            try:
-                record = self.clock.batch_ended(now, **_step_context(trainer))
-                if record is not None:
-                    self._emit(record, now)
-            except Exception as exc:
-                self._disable(f"on_train_batch_end failed ({type(exc).__name__}: {exc})")
-
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.state == "tracing":
-            self._guard("on_train_epoch_end", self._epoch_end, trainer)
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.state in ("tracing", "done"):
-            self._guard("on_train_end", self._drain)
-        self._remove_instruments()
-        if self.state == "tracing":
-            self.state = "done"
-
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        try:
-            self._remove_instruments()
-            if self.state == "idle" or self.sink is None:
-                return
-            if self.clock is not None:
-                self.clock.abandon()
-            if self.gpu is not None:
-                self.gpu.abandon_step()
-                self._drain()
-            interrupted = isinstance(exception, KeyboardInterrupt) or (
-                type(exception).__name__ == "SIGTERMException"
+            record = self.clock.batch_ended(
+                now,
+                global_step=getattr(trainer, "global_step", None),
+                epoch=getattr(trainer, "current_epoch", None),
             )
-            self.status = schema.STATUS_INTERRUPTED if interrupted else schema.STATUS_EXCEPTION
-            message = str(exception).strip().splitlines()
-            self.error = type(exception).__name__ + (f": {message[0]}" if message else "")
-            self._finish()
-        except Exception:
-            pass  # the user's exception is what matters here
+            if record is not None:
+                self._emit(record, now)
 
+    @entry_point("lightning.on_train_epoch_end", "Lightning's on_train_epoch_end hook")
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.life.state is State.TRACING:
+            now = clock_ns()
+            record = self.clock.epoch_ended(
+                now,
+                global_step=getattr(trainer, "global_step", None),
+                epoch=getattr(trainer, "current_epoch", None),
+            )
+            if record is not None:
+                self._emit(record, now)
+
+    @entry_point("lightning.on_train_end", "Lightning's on_train_end hook")
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.life.state in (State.TRACING, State.DONE):
+            self._drain()
+        self._remove_instruments()
+        if self.life.state is State.TRACING:
+            self.life.move(State.DONE)
+
+    @entry_point("lightning.on_exception", "Lightning's on_exception hook")
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._remove_instruments()
+        if self.recorder is None or self.life.state is State.IDLE:
+            return
+        if self.clock is not None:
+            self.clock.abandon()
+        if self.gpu is not None:
+            self.gpu.abandon_step()
+        self._drain()
+        self.recorder.ended_by(exception)
+        self._finish()
+
+    @entry_point("lightning.teardown", "Lightning's teardown hook (fit)")
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        try:
-            self._remove_instruments()
-            if self.sink is not None and not self.footer_written:
-                self._drain()
-                self._finish()
-        except Exception:
-            pass
+        self._remove_instruments()
+        if self.recorder is not None and not self.recorder.footer_written:
+            self._drain()
+            self._finish()
 
-    # -- implementation ------------------------------------------------------------------------
+    # -- instrument callbacks (traceml's side of the fetch, transfer and forward wrappers) --
+
+    @entry_point("lightning.fetcher_iter", "the training DataLoader iterator being created")
+    def iterator_created(self, start: int, end: int) -> None:
+        if self.life.state is State.TRACING:
+            self.clock.iterator_created(start, end)
+
+    @entry_point("lightning.fetcher_next", "each batch fetched from the training DataLoader")
+    def fetched(self, start: int, end: int) -> None:
+        if self.life.state is not State.TRACING:
+            return
+        starts_step = not self.clock.in_step
+        self.clock.fetched(start, end)
+        if self.gpu is not None and starts_step:
+            self.gpu.step_started()
+
+    @entry_point("lightning.batch_to_device", "before the strategy's batch transfer")
+    def transfer_started(self) -> int | None:
+        if self.life.state is not State.TRACING or not self.clock.in_microbatch:
+            return None
+        self.clock.transfer_started()
+        if self.gpu is not None:
+            self.gpu.phase_started("h2d")
+        return clock_ns()
+
+    @entry_point("lightning.batch_transferred", "after the strategy's batch transfer")
+    def transferred(self, start: int) -> None:
+        end = clock_ns()
+        if self.life.state is not State.TRACING:
+            return
+        if self.gpu is not None:
+            self.gpu.phase_ended("h2d")
+        self.clock.transferred(start, end)
+
+    @entry_point("lightning.forward_pre_hook", "the traced module's forward pre-hook")
+    def forward_pre_hook(self, _module: Any, _inputs: Any) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            self.clock.forward_started(clock_ns())
+            if self.gpu is not None:
+                self.gpu.phase_started("forward")
+
+    @entry_point("lightning.forward_hook", "the traced module's forward hook")
+    def forward_post_hook(self, _module: Any, _inputs: Any, _output: Any) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            if self.gpu is not None:
+                self.gpu.phase_ended("forward")
+            self.clock.forward_ended(clock_ns())
+
+    # -- set-up ----------------------------------------------------------------------------
 
     def _setup(self, trainer: Any, pl_module: Any) -> None:
         self.pid = os.getpid()
@@ -395,22 +419,20 @@ class StepTimingMixin:
         if not self.settings.run_name_explicit and self.rank_info[schema.WORLD_SIZE] > 1:
             self.settings = adopt_rank_zero_run_name(self.settings, rank)
         reason = self.unsupported_reason or unsupported_configuration(trainer, pl_module)
-        run_dir = self.settings.run_dir
-        self.sink = RankSink(run_dir / schema.RANKS_DIR / schema.rank_file_name(rank))
-        try:
-            self.sink.open()
-        except SinkError as exc:
-            self.sink = None
-            self.state = "disabled"
-            console.warn(f"{exc}; tracing disabled, training continues", all_ranks=True)
+        recorder = RankRecorder(self.settings, self.rank_info)
+        problem = recorder.open()
+        if problem is not None:
+            self.life.move(State.DISABLED)
+            console.warn(f"{problem}; tracing disabled, training continues", all_ranks=True)
             return
+        self.recorder = recorder
         _register_exit(self)
         if reason:
             self._mark_unsupported(trainer, pl_module, reason)
             return
         if self.rank_info[schema.WORLD_SIZE] > 1:
             self._prepare_comm_timing()
-        self.state = "ready"
+        self.life.move(State.READY)
 
     def _prepare_comm_timing(self) -> None:
         """Multi-rank run: get ready to time waits on other ranks. The DDP hook registration
@@ -426,14 +448,14 @@ class StepTimingMixin:
 
         self.comm = CommTimer(on_failure=self._disable)
         self.comm.wrap_hook_registration(DistributedDataParallel)
-        self._uninstall.append(self.comm.uninstall)
+        self.instruments.add_undo(self.comm.uninstall)
 
     def _mark_unsupported(self, trainer: Any, pl_module: Any, reason: str) -> None:
-        self.state = "unsupported"
-        self.status = schema.STATUS_UNSUPPORTED
+        self.life.move(State.UNSUPPORTED)
+        self.recorder.status = schema.STATUS_UNSUPPORTED
         console.warn(f"not tracing: {reason} is not supported; training runs natively")
-        self._write_header(trainer, pl_module)
-        self._write_event("warning", schema.EVENT_UNSUPPORTED, f"{reason} is not supported")
+        self._write_header(pl_module, timing="host")
+        self.recorder.event("warning", schema.EVENT_UNSUPPORTED, f"{reason} is not supported")
 
     def _start(self, trainer: Any, pl_module: Any) -> None:
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
@@ -442,27 +464,31 @@ class StepTimingMixin:
         if type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
             self._mark_unsupported(trainer, pl_module, "a training_step that takes dataloader_iter")
             return
-        origin = clock_ns()
-        self.clock = capture.StepClock(origin_ns=origin)
+        self.clock = capture.StepClock(origin_ns=clock_ns())
         self._clock_origin_unix = time.time()
-        device = getattr(pl_module, "device", None)
-        if getattr(device, "type", None) == "cuda":
-            from traceml.cuda_timing import cuda_step_timer
-
-            self.gpu = cuda_step_timer(device)
+        self.gpu = self._device_timer(pl_module)
         self._rss = capture.rss_reader()
         self._header_extra = _loop_facts(trainer)
         if self.comm is not None:
             self._start_comm_timing(trainer)
-        self._write_header(trainer, pl_module)
+        self._write_header(pl_module, timing="host+cuda_events" if self.gpu else "host")
         for note in self.notes:
-            self._write_event(note.get("level", "info"), note["code"], note["message"])
+            self.recorder.event(note.get("level", "info"), note["code"], note["message"])
         if self.rank_info[schema.RANK] == 0 and not self.settings.launcher_managed:
             from traceml.live import announce_direct_launch
 
             announce_direct_launch(self.settings.run_dir)  # the launcher prints its own
-        self.state = "tracing"
-        self._install_instruments(trainer, pl_module, fetcher)
+        self.life.move(State.TRACING)
+        self.instruments.install(trainer, pl_module, fetcher)
+
+    def _device_timer(self, pl_module: Any) -> Any:
+        """CUDA events for device-side phase times, on a CUDA device (else None)."""
+        device = getattr(pl_module, "device", None)
+        if getattr(device, "type", None) != "cuda":
+            return None
+        from traceml.cuda_timing import cuda_step_timer
+
+        return cuda_step_timer(device)
 
     def _start_comm_timing(self, trainer: Any) -> None:
         import torch.distributed as dist
@@ -479,9 +505,7 @@ class StepTimingMixin:
             comm.attach_buckets(model)
         comm.install_collectives(dist)
         comm.active = True
-        self._header_extra[schema.COMM_TIMING] = (
-            "host+cuda_events" if self.gpu is not None else "host"
-        )
+        self._header_extra[schema.COMM_TIMING] = "host+cuda_events" if self.gpu else "host"
         self._header_extra[schema.BUCKET_TIMING] = comm.bucket_timing
         if comm.bucket_note:
             self.notes.append(
@@ -492,108 +516,7 @@ class StepTimingMixin:
                 }
             )
 
-    def _instrument_fetcher(self, fetcher: Any) -> None:
-        """Input Wait: the one training fetcher gets a timing subclass of its own class."""
-        if self._restore_fetcher is not None:
-            self._restore_fetcher()
-        original_class = type(fetcher)
-        fetcher._traceml_observer = self
-        fetcher.__class__ = _timed_fetcher_class(original_class)
-
-        def restore_fetcher() -> None:
-            if type(fetcher) is _timed_fetchers.get(original_class):
-                fetcher.__class__ = original_class
-            fetcher.__dict__.pop("_traceml_observer", None)
-
-        self._fetcher = fetcher
-        self._restore_fetcher = restore_fetcher
-
-    def _install_instruments(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
-        # 1. Input Wait.
-        self._instrument_fetcher(fetcher)
-
-        # 2. H2D: the strategy's batch transfer, wrapped on this strategy instance only.
-        strategy = trainer.strategy
-        original_transfer = strategy.batch_to_device
-
-        def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
-            if self.state != "tracing" or not self.clock.in_microbatch:
-                return original_transfer(*args, **kwargs)
-            self.clock.transfer_started()
-            start = clock_ns()
-            if self.gpu is not None:
-                self._guard("H2D", self.gpu.phase_started, "h2d")
-            result = original_transfer(*args, **kwargs)
-            if self.gpu is not None:
-                self._guard("H2D", self.gpu.phase_ended, "h2d")
-            self.clock.transferred(start, clock_ns())
-            return result
-
-        strategy.batch_to_device = timed_batch_to_device
-
-        def restore_transfer() -> None:
-            if strategy.__dict__.get("batch_to_device") is timed_batch_to_device:
-                del strategy.batch_to_device
-
-        self._uninstall.append(restore_transfer)
-
-        # 3. Forward: hooks on the model's inner network, counted only inside a training step.
-        module = forward_module(pl_module)
-        if module is not None:
-
-            def pre_hook(_module: Any, _inputs: Any) -> None:
-                if self.state == "tracing" and self.clock.in_microbatch:
-                    self.clock.forward_started(clock_ns())
-                    if self.gpu is not None:
-                        self._guard("forward", self.gpu.phase_started, "forward")
-
-            def post_hook(_module: Any, _inputs: Any, _output: Any) -> None:
-                if self.state == "tracing" and self.clock.in_microbatch:
-                    if self.gpu is not None:
-                        self._guard("forward", self.gpu.phase_ended, "forward")
-                    self.clock.forward_ended(clock_ns())
-
-            handles = [
-                module.register_forward_pre_hook(pre_hook),
-                module.register_forward_hook(post_hook),
-            ]
-            self._uninstall.append(lambda: [handle.remove() for handle in handles])
-
-    def _remove_instruments(self) -> None:
-        if self._restore_fetcher is not None:
-            restore, self._restore_fetcher = self._restore_fetcher, None
-            try:
-                restore()
-            except Exception:
-                pass
-        while self._uninstall:
-            undo = self._uninstall.pop()
-            try:
-                undo()
-            except Exception:
-                pass
-
-    # Called by the timed fetcher.
-    def _iterator_created(self, start: int, end: int) -> None:
-        if self.state == "tracing":
-            self._guard("DataLoader iterator timing", self.clock.iterator_created, start, end)
-
-    def _fetched(self, start: int, end: int) -> None:
-        if self.state != "tracing":
-            return
-        try:
-            starts_step = self.clock._group is None
-            self.clock.fetched(start, end)
-            if self.gpu is not None and starts_step:
-                self.gpu.step_started()
-        except Exception as exc:
-            self._disable(f"DataLoader timing failed ({type(exc).__name__}: {exc})")
-
-    def _epoch_end(self, trainer: Any) -> None:
-        now = clock_ns()
-        record = self.clock.epoch_ended(now, **_step_context(trainer))
-        if record is not None:
-            self._emit(record, now)
+    # -- records ---------------------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any], now: int) -> None:
         # Reading RSS costs ~7 us in a busy loop (a procfs read): every step of a normal
@@ -601,38 +524,40 @@ class StepTimingMixin:
         if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
             self._rss_at = now
             record[schema.RSS] = self._rss()
+        cost = self.own_cost_ns + (self.comm.own_cost_ns if self.comm is not None else 0)
+        record[schema.TRACEML_COST_US] = (cost - self._cost_reported_ns) / 1000.0
+        self._cost_reported_ns = cost
         if self.gpu is not None:
             self.gpu.step_ended(record)
-            ready = list(self.gpu.ready())
+            for finished in self.gpu.ready():
+                self._write_step(finished)
         else:
-            ready = [record]
-        for finished in ready:
-            self._write_step(finished)
+            self._write_step(record)
 
     def _write_step(self, record: dict[str, Any]) -> None:
-        if self.state not in ("tracing", "done") or self.sink is None:
+        recorder = self.recorder
+        if recorder is None or self.life.state not in (State.TRACING, State.DONE):
             return
-        limit = self.settings.trace_max_steps
-        if limit is not None and self.steps_written >= limit:
-            return  # steps still queued for their CUDA events when the limit was reached
-        if not self.sink.write(record):
-            self.state = "disabled"
-            self.status = schema.STATUS_DISABLED
+        if not recorder.step(record):
+            # The sink warned once already (full disk, deleted directory...).
+            self.life.move(State.DISABLED)
+            recorder.status = schema.STATUS_DISABLED
             self._remove_instruments()
             return
-        self.steps_written += 1
-        if limit is not None and self.steps_written >= limit and self.state == "tracing":
-            self.state = "done"
+        if recorder.limit_reached and self.life.state is State.TRACING:
+            self.life.move(State.DONE)
             self._remove_instruments()
             self._drain()
-            self._write_event(
+            recorder.event(
                 "info",
                 schema.EVENT_MAX_STEPS,
-                f"recorded the first {limit} steps (TRACEML_TRACE_MAX_STEPS); "
-                "later steps ran untraced",
+                f"recorded the first {self.settings.trace_max_steps} steps "
+                "(TRACEML_TRACE_MAX_STEPS); later steps ran untraced",
             )
 
     def _drain(self) -> None:
+        """Write the steps still waiting for their CUDA events (end of training only). After a
+        sticky CUDA error the events cannot be read: those steps keep their host times."""
         if self.gpu is None:
             return
         gpu, self.gpu = self.gpu, None
@@ -640,68 +565,55 @@ class StepTimingMixin:
             self.comm.gpu = None
         for record in gpu.drain():
             self._write_step(record)
+        if gpu.unreadable and self.recorder is not None:
+            self.recorder.event(
+                "warning",
+                schema.EVENT_NOTE,
+                f"the device could not report its timings for the last {gpu.unreadable} steps "
+                f"({gpu.unreadable_reason}); their host times are kept",
+            )
 
-    def _write_header(self, trainer: Any, pl_module: Any) -> None:
-        if self.header_written or self.sink is None:
+    def _write_header(self, pl_module: Any, timing: str) -> None:
+        if self.recorder is None:
             return
-        self.header_written = True
-        header = build_header(
-            self.settings,
-            self.rank_info,
-            integration=self.integration,
-            pl_module=pl_module,
-            clock_origin_unix=getattr(self, "_clock_origin_unix", time.time()),
-            timing="host+cuda_events" if self.gpu is not None else "host",
-            extra=self._header_extra,
+        self.recorder.write_header(
+            build_header(
+                self.settings,
+                self.rank_info,
+                integration=self.integration,
+                device=describe_device(pl_module),
+                clock_origin_unix=self._clock_origin_unix,
+                timing=timing,
+                extra=self._header_extra,
+            )
         )
-        self.sink.write(header)
 
-    def _write_event(self, level: str, code: str, message: str) -> None:
-        if self.sink is None or not self.sink.is_open:
-            return
-        if not self.header_written:
+    def _ensure_header(self) -> None:
+        if self.recorder is not None and not self.recorder.header_written:
             trainer = self._trainer_ref() if self._trainer_ref else None
-            self._write_header(trainer, getattr(trainer, "lightning_module", None))
-        self.sink.write(
-            {
-                schema.KIND: schema.KIND_EVENT,
-                schema.LEVEL: level,
-                schema.CODE: code,
-                schema.MESSAGE: message,
-                "at_step": self.steps_written,
-            }
-        )
+            self._write_header(getattr(trainer, "lightning_module", None), timing="host")
 
     def _finish(self) -> None:
         """Write the footer and close the rank file (once)."""
-        if self.footer_written or self.sink is None:
+        if self.recorder is None or self.recorder.footer_written:
             return
-        if not self.header_written:
-            trainer = self._trainer_ref() if self._trainer_ref else None
-            self._write_header(trainer, getattr(trainer, "lightning_module", None))
-        self.footer_written = True
+        self._ensure_header()
         if self.clock is not None and self.clock.overlaps:
-            self._write_event(
+            self.recorder.event(
                 "warning",
                 schema.EVENT_NOTE,
                 f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0",
             )
-        footer = {
-            schema.KIND: schema.KIND_FOOTER,
-            schema.STATUS: self.status or schema.STATUS_COMPLETED,
-            schema.STEPS: self.steps_written,
-            schema.ENDED_AT: _utc_now(),
-        }
-        if self.error:
-            footer[schema.ERROR] = self.error
-        self.sink.write(footer)
-        self.sink.close()
-        if self.state == "tracing":
-            self.state = "done"
+        self.recorder.finish()
+        if self.life.state is State.TRACING:
+            self.life.move(State.DONE)
+
+    def _remove_instruments(self) -> None:
+        self.instruments.remove()
 
     # Called at interpreter exit (atexit) for runs that ended without teardown.
-    def _finish_at_exit(self) -> None:
-        if self.sink is None or self.footer_written or os.getpid() != self.pid:
+    def finish_at_exit(self) -> None:
+        if self.recorder is None or self.recorder.footer_written or os.getpid() != self.pid:
             return
         self._remove_instruments()
         if self.clock is not None:
@@ -710,28 +622,16 @@ class StepTimingMixin:
             self._drain()
         except Exception:
             pass
-        if self.status is None:
-            self.status = schema.STATUS_INTERRUPTED
-            self.error = self.error or "the process exited before training finished"
+        if self.recorder.status is None:
+            self.recorder.status = schema.STATUS_INTERRUPTED
+            self.recorder.error = (
+                self.recorder.error or "the process exited before training finished"
+            )
         self._finish()
 
 
 # ----------------------------------------------------------------------------------------------
 # Facts and checks
-
-
-def forward_module(pl_module: Any) -> Any | None:
-    """The network whose forward is "Forward": RF-DETR's (and many modules') ``self.model``,
-    else the LightningModule itself (its forward runs when ``training_step`` calls ``self(x)``)."""
-    try:
-        import torch
-
-        inner = getattr(pl_module, "model", None)
-        if isinstance(inner, torch.nn.Module):
-            return inner
-        return pl_module if isinstance(pl_module, torch.nn.Module) else None
-    except Exception:
-        return None
 
 
 def unsupported_configuration(trainer: Any, pl_module: Any) -> str | None:
@@ -784,6 +684,12 @@ def adopt_rank_zero_run_name(settings: Settings, rank: int) -> Settings:
             return settings
         store.wait([RUN_NAME_KEY], timedelta(seconds=RUN_NAME_WAIT_S))
         name = store.get(RUN_NAME_KEY).decode()
+        from traceml.settings import is_valid_run_name
+
+        # Any process that reaches the store can write this key: a name that is not safe
+        # ('..', a path) must not choose where this rank writes. Keep our own (warned below).
+        if not is_valid_run_name(name):
+            raise ValueError(f"rank 0's run name {name[:40]!r} is not a safe run name")
         if name != settings.run_name:
             return settings.replace(run_name=name)
     except Exception as exc:
@@ -814,17 +720,6 @@ def _loop_facts(trainer: Any) -> dict[str, Any]:
     return facts
 
 
-def _step_context(trainer: Any) -> dict[str, Any]:
-    return {
-        "global_step": getattr(trainer, "global_step", None),
-        "epoch": getattr(trainer, "current_epoch", None),
-    }
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
 def describe_device(pl_module: Any) -> dict[str, Any]:
     device = getattr(pl_module, "device", None)
     info: dict[str, Any] = {
@@ -846,56 +741,26 @@ def describe_device(pl_module: Any) -> dict[str, Any]:
     return info
 
 
-def build_header(
-    settings: Settings,
-    rank_info: dict[str, Any],
-    *,
-    integration: str,
-    pl_module: Any,
-    clock_origin_unix: float,
-    timing: str,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    script = sys.argv[0] if sys.argv and sys.argv[0] else None
-    header: dict[str, Any] = {
-        schema.KIND: schema.KIND_HEADER,
-        schema.SCHEMA: schema.RANK_SCHEMA,
-        schema.RUN: settings.run_name,
-        **rank_info,
-        schema.HOST: socket.gethostname(),
-        schema.PID: os.getpid(),
-        schema.STARTED_AT: _utc_now(),
-        schema.CLOCK_ORIGIN_UNIX: clock_origin_unix,
-        schema.VERSIONS: package_versions(),
-        schema.DEVICE: describe_device(pl_module),
-        schema.TIMING: timing,
-        schema.SCRIPT: Path(script).name if script else None,
-        schema.INTEGRATION: integration,
-        schema.SETTINGS: {"trace_max_steps": settings.trace_max_steps},
-    }
-    header.update(extra or {})
-    return header
-
-
 # ----------------------------------------------------------------------------------------------
 # End of process: footers for runs that never reached teardown; the direct-launch report
 
-_exit_callbacks: list[StepTimingMixin] = []
+_exit_callbacks: list[StepTiming] = []
 _exit_registered = False
 
 
-def _register_exit(callback: StepTimingMixin) -> None:
+def _register_exit(callback: StepTiming) -> None:
     global _exit_registered
     _exit_callbacks.append(callback)
     if not _exit_registered:
         _exit_registered = True
-        atexit.register(_at_exit)
+        atexit.register(at_exit)
 
 
-def _at_exit() -> None:
+@entry_point("exit handler", "interpreter exit: footers and the direct-launch report", owner_arg=-1)
+def at_exit() -> None:
     for callback in list(_exit_callbacks):
         try:
-            callback._finish_at_exit()
+            callback.finish_at_exit()
         except Exception:
             pass
     for callback in list(_exit_callbacks):

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from traceml import bootstrap, console, schema
-from traceml.settings import SettingsError, is_valid_run_name, load_settings
+from traceml.guard import entry_point
+from traceml.settings import is_valid_run_name, load_settings
 
 TESTED_VERSIONS = ("1.10.1", "1.11.2")  # both run by tests/integration/test_rfdetr.py
 _WRAPPED_MARK = "_traceml_build_trainer"
@@ -40,15 +41,15 @@ def on_import(module: Any) -> None:
 
 
 def _build_trainer_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    trainer = wrapped(*args, **kwargs)
-    try:
-        _instrument(trainer, args, kwargs)
-    except Exception as exc:
-        console.warn(f"could not instrument RF-DETR's trainer ({type(exc).__name__}: {exc})")
+    trainer = wrapped(*args, **kwargs)  # RF-DETR's own errors reach the user unchanged
+    instrument(trainer, args, kwargs)
     return trainer
 
 
-def _instrument(trainer: Any, args: tuple, kwargs: dict) -> None:
+@entry_point(
+    "rfdetr.build_trainer", "RF-DETR's build_trainer, after it built the trainer", owner_arg=-1
+)
+def instrument(trainer: Any, args: tuple, kwargs: dict) -> None:
     if not kwargs.get("include_training_callbacks", True):
         # RFDETR.evaluate(): no steps to time, and no Trainer.fit hook may pick it up later.
         trainer._traceml_skip = True
@@ -152,10 +153,16 @@ def init(
         raise TraceMLConfigError(
             "traceml is already initialised with " + ", ".join(conflicts) + "; call init() once"
         )
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        raise TraceMLConfigError(str(exc)) from None
+    _activate(requested)
+
+
+@entry_point(
+    "init", "traceml.integrations.rfdetr.init(), once its arguments are checked", owner_arg=-1
+)
+def _activate(requested: dict[str, Any]) -> None:
+    """Turn tracing on with ``requested`` (a TRACEML_* value traceml cannot use turns it off
+    with one warning, like any failure inside traceml)."""
+    settings = load_settings()
     if "run_name" in requested:
         requested["run_name_explicit"] = True
     bootstrap.activate_manually(settings.replace(**requested))

@@ -1,0 +1,127 @@
+"""Never break the user's training, by construction: every place user code calls into traceml.
+
+Training code reaches traceml through a few doors: Lightning's callback hooks, the module
+forward hooks, the DataLoader-fetch and batch-transfer wrappers, the collective and DDP-hook
+wrappers, the import hooks, ``init()`` and the exit handler. Each door is a function decorated
+with :func:`entry_point`, which
+
+* registers its name in :data:`ENTRY_POINTS` (the fault-injection suite enumerates them, and a
+  test fails when a door exists that is not registered);
+* catches every exception raised inside traceml's part of the call, hands it to the owner's
+  ``_entry_failed(name, exc)`` (the owner turns tracing off for the process with one warning
+  naming the door) and returns ``default``, so the user's values pass through untouched;
+* adds the time spent inside to the owner's ``own_cost_ns``, when the owner keeps one (the
+  per-step "traceml's own cost" figure).
+
+Wrappers that call the user's function (fetch, transfer, collectives) never call it inside a
+guarded function: they call a guarded "before" and a guarded "after" around it, so the user's
+call runs exactly once and its exceptions reach the user unchanged.
+
+``TRACEML_FAULT_INJECT=<entry point>`` (tests only) makes that door raise, to prove the above.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from traceml import console
+
+# typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+clock_ns = time.perf_counter_ns
+
+# name -> one line saying what calls it.
+ENTRY_POINTS: dict[str, str] = {}
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an entry point named in TRACEML_FAULT_INJECT (tests only)."""
+
+
+def _injected_point() -> str | None:
+    from traceml.settings import fault_injection_point
+
+    return fault_injection_point()
+
+
+_inject: str | None = _injected_point()
+
+
+def reload_injection() -> None:
+    """Re-read TRACEML_FAULT_INJECT (for tests that set it after import)."""
+    global _inject
+    _inject = _injected_point()
+
+
+def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0) -> Callable:
+    """Decorate a function that training code calls into traceml (see the module docstring).
+
+    ``owner_arg``: the positional argument that owns the failure and the cost (``self`` for a
+    method); -1 for a plain function, whose failure only warns (the process-wide fallback).
+    """
+    if name in ENTRY_POINTS:
+        raise ValueError(f"entry point {name!r} registered twice")
+    ENTRY_POINTS[name] = what
+
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            owner = args[owner_arg] if owner_arg >= 0 and len(args) > owner_arg else None
+            start = clock_ns()
+            try:
+                if _inject is not None and _inject == name:
+                    raise InjectedFault(f"fault injected into {name}")
+                return function(*args, **kwargs)
+            except Exception as exc:
+                failed(owner, name, exc)
+                return default
+            finally:
+                if owner is not None:
+                    try:
+                        owner.own_cost_ns += clock_ns() - start
+                    except Exception:
+                        pass
+
+        guarded.traceml_entry_point = name  # type: ignore[attr-defined]
+        return guarded
+
+    return decorate
+
+
+def failed(owner: Any, name: str, exc: BaseException) -> None:
+    """Route a failure inside entry point ``name`` to its owner (or warn, if it has none)."""
+    handler = getattr(owner, "_entry_failed", None)
+    if handler is not None:
+        try:
+            handler(name, exc)
+            return
+        except Exception:
+            pass
+    console.warn(
+        f"tracing disabled: {name} failed ({type(exc).__name__}: {exc}); "
+        "training continues untraced",
+        key="guard:" + name,
+        all_ranks=True,
+    )
+
+
+ENTRY_POINTS["import hook"] = "a post-import hook, when a watched library is imported"
+
+
+def guarded_call(name: str, piece: str, function: Callable, *args: Any) -> Any:
+    """Call ``function(*args)`` as entry point ``name`` with no owner (a plain function that
+    is registered by name rather than decorated: the import-hook runner); ``piece`` names it
+    in the warning."""
+    try:
+        if _inject is not None and _inject == name:
+            raise InjectedFault(f"fault injected into {name}")
+        return function(*args)
+    except Exception as exc:
+        failed(None, piece, exc)
+        return None

@@ -1,0 +1,140 @@
+"""The three places Lightning offers no hook, instrumented for one traced training.
+
+* Input Wait: the training loop's data fetcher gets a timing subclass of its own class (per
+  instance, through ``__class__``), so validation fetchers and other trainers are untouched.
+* H2D: ``strategy.batch_to_device`` is wrapped on this strategy instance only.
+* Forward: forward pre/post hooks on the model's inner network.
+
+Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
+before and after it goes through the observer's guarded entry points (traceml.guard), so a
+traceml failure turns tracing off and never changes what the user's call returns or raises.
+Everything installed is removed by :meth:`Instruments.remove`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+clock_ns = time.perf_counter_ns
+
+_timed_fetchers: dict[type, type] = {}
+
+
+def timed_fetcher_class(base: type) -> type:
+    """A subclass of the fetcher class ``base`` whose iteration reports its timing."""
+    if base not in _timed_fetchers:
+
+        def __iter__(self):
+            observer = self.__dict__.get("_traceml_observer")
+            start = clock_ns()
+            result = super(timed, self).__iter__()
+            if observer is not None:
+                observer.iterator_created(start, clock_ns())
+            return result
+
+        def __next__(self):
+            observer = self.__dict__.get("_traceml_observer")
+            start = clock_ns()
+            batch = super(timed, self).__next__()  # user errors and StopIteration pass through
+            if observer is not None:
+                observer.fetched(start, clock_ns())
+            return batch
+
+        timed = type(
+            f"TraceMLTimed{base.__name__}",
+            (base,),
+            {"__iter__": __iter__, "__next__": __next__, "__module__": __name__},
+        )
+        _timed_fetchers[base] = timed
+    return _timed_fetchers[base]
+
+
+def forward_module(pl_module: Any) -> Any | None:
+    """The network whose forward is "Forward": RF-DETR's (and many modules') ``self.model``,
+    else the LightningModule itself (its forward runs when ``training_step`` calls ``self(x)``)."""
+    try:
+        import torch
+
+        inner = getattr(pl_module, "model", None)
+        if isinstance(inner, torch.nn.Module):
+            return inner
+        return pl_module if isinstance(pl_module, torch.nn.Module) else None
+    except Exception:
+        return None
+
+
+class Instruments:
+    """What one traced training installed, and how to take it away again."""
+
+    def __init__(self, observer: Any) -> None:
+        self.observer = observer
+        self.fetcher: Any = None
+        self._restore_fetcher: Any = None
+        self._undo: list[Any] = []
+
+    def install(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
+        self.instrument_fetcher(fetcher)
+        self._wrap_transfer(trainer.strategy)
+        module = forward_module(pl_module)
+        if module is not None:
+            observer = self.observer
+            handles = [
+                module.register_forward_pre_hook(observer.forward_pre_hook),
+                module.register_forward_hook(observer.forward_post_hook),
+            ]
+            self._undo.append(lambda: [handle.remove() for handle in handles])
+
+    def instrument_fetcher(self, fetcher: Any) -> None:
+        """Input Wait: the one training fetcher gets a timing subclass of its own class (also
+        called again when reload_dataloaders_every_n_epochs gives the loop a new fetcher)."""
+        if self._restore_fetcher is not None:
+            self._restore_fetcher()
+        original_class = type(fetcher)
+        fetcher._traceml_observer = self.observer
+        fetcher.__class__ = timed_fetcher_class(original_class)
+
+        def restore_fetcher() -> None:
+            if type(fetcher) is _timed_fetchers.get(original_class):
+                fetcher.__class__ = original_class
+            fetcher.__dict__.pop("_traceml_observer", None)
+
+        self.fetcher = fetcher
+        self._restore_fetcher = restore_fetcher
+
+    def _wrap_transfer(self, strategy: Any) -> None:
+        original_transfer = strategy.batch_to_device
+        observer = self.observer
+
+        def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
+            token = observer.transfer_started()
+            result = original_transfer(*args, **kwargs)
+            if token is not None:
+                observer.transferred(token)
+            return result
+
+        strategy.batch_to_device = timed_batch_to_device
+
+        def restore_transfer() -> None:
+            if strategy.__dict__.get("batch_to_device") is timed_batch_to_device:
+                del strategy.batch_to_device
+
+        self._undo.append(restore_transfer)
+
+    def add_undo(self, undo: Any) -> None:
+        self._undo.append(undo)
+
+    def remove(self) -> None:
+        """Take everything away (idempotent; each undo is attempted even if one fails)."""
+        if self._restore_fetcher is not None:
+            restore, self._restore_fetcher = self._restore_fetcher, None
+            try:
+                restore()
+            except Exception:
+                pass
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:
+                pass

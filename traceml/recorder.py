@@ -1,0 +1,153 @@
+"""One rank's record of one traced training: its header, events, step records and footer.
+
+The callback decides *what* happened; this object owns *how it is written*: the rank file
+(through the crash-safe sink), the header written once, the ``trace_max_steps`` limit, and
+the footer written once with the run's status. Nothing here talks to Lightning.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from traceml import schema
+from traceml.settings import Settings
+from traceml.sink import RankSink, SinkError
+from traceml.versions import package_versions
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class RankRecorder:
+    def __init__(self, settings: Settings, rank_info: dict[str, Any]) -> None:
+        self.settings = settings
+        self.rank_info = rank_info
+        self.sink: RankSink | None = None
+        self.header_written = False
+        self.footer_written = False
+        self.steps_written = 0
+        self.status: str | None = None
+        self.error: str | None = None
+        self.error_type: str | None = None
+
+    # -- the file --------------------------------------------------------------------------
+
+    def open(self) -> str | None:
+        """Create this rank's file; the reason it could not be created, or None."""
+        rank = self.rank_info[schema.RANK]
+        sink = RankSink(self.settings.run_dir / schema.RANKS_DIR / schema.rank_file_name(rank))
+        try:
+            sink.open()
+        except SinkError as exc:
+            return str(exc)
+        self.sink = sink
+        return None
+
+    @property
+    def is_open(self) -> bool:
+        return self.sink is not None and self.sink.is_open and not self.footer_written
+
+    def write_header(self, header: dict[str, Any]) -> None:
+        if self.header_written or self.sink is None:
+            return
+        self.header_written = True
+        self.sink.write(header)
+
+    def event(self, level: str, code: str, message: str) -> None:
+        if not self.is_open:
+            return
+        self.sink.write(
+            {
+                schema.KIND: schema.KIND_EVENT,
+                schema.LEVEL: level,
+                schema.CODE: code,
+                schema.MESSAGE: message,
+                "at_step": self.steps_written,
+            }
+        )
+
+    # -- steps -----------------------------------------------------------------------------
+
+    @property
+    def limit_reached(self) -> bool:
+        limit = self.settings.trace_max_steps
+        return limit is not None and self.steps_written >= limit
+
+    def step(self, record: dict[str, Any]) -> bool:
+        """Append one step record. False when the file can no longer be written (the sink has
+        warned once); a record past ``trace_max_steps`` is dropped and counts as written."""
+        if self.sink is None or self.footer_written:
+            return False
+        if self.limit_reached:
+            return True  # steps still queued for their CUDA events when the limit was reached
+        if not self.sink.write(record):
+            return False
+        self.steps_written += 1
+        return True
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Write the footer and close the file (once)."""
+        if self.footer_written or self.sink is None:
+            return
+        self.footer_written = True
+        footer = {
+            schema.KIND: schema.KIND_FOOTER,
+            schema.STATUS: self.status or schema.STATUS_COMPLETED,
+            schema.STEPS: self.steps_written,
+            schema.ENDED_AT: utc_now(),
+        }
+        if self.error:
+            footer[schema.ERROR] = self.error
+        if self.error_type:
+            footer[getattr(schema, "ERROR_TYPE", "error_type")] = self.error_type
+        self.sink.write(footer)
+        self.sink.close()
+
+    def ended_by(self, exception: BaseException) -> None:
+        """Record why training stopped: Ctrl-C / SIGTERM are 'interrupted', the rest 'exception'."""
+        interrupted = isinstance(exception, KeyboardInterrupt) or (
+            type(exception).__name__ == "SIGTERMException"
+        )
+        self.status = schema.STATUS_INTERRUPTED if interrupted else schema.STATUS_EXCEPTION
+        message = str(exception).strip().splitlines()
+        self.error = type(exception).__name__ + (f": {message[0]}" if message else "")
+        self.error_type = type(exception).__name__
+
+
+def build_header(
+    settings: Settings,
+    rank_info: dict[str, Any],
+    *,
+    integration: str,
+    device: dict[str, Any],
+    clock_origin_unix: float,
+    timing: str,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    script = sys.argv[0] if sys.argv and sys.argv[0] else None
+    header: dict[str, Any] = {
+        schema.KIND: schema.KIND_HEADER,
+        schema.SCHEMA: schema.RANK_SCHEMA,
+        schema.RUN: settings.run_name,
+        **rank_info,
+        schema.HOST: socket.gethostname(),
+        schema.PID: os.getpid(),
+        schema.STARTED_AT: utc_now(),
+        schema.CLOCK_ORIGIN_UNIX: clock_origin_unix,
+        schema.VERSIONS: package_versions(),
+        schema.DEVICE: device,
+        schema.TIMING: timing,
+        schema.SCRIPT: Path(script).name if script else None,
+        schema.INTEGRATION: integration,
+        schema.SETTINGS: {"trace_max_steps": settings.trace_max_steps},
+    }
+    header.update(extra or {})
+    return header
