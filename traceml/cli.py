@@ -261,16 +261,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from traceml.live import LiveError, watch
+    from traceml.live import watch
 
     if args.interval is not None and not args.interval > 0:
         raise UsageError("--interval must be a positive number of seconds")
-    try:
-        return watch(
-            Path(args.run_dir),
-            thresholds=_threshold_overrides(args.threshold),
-            interval_s=args.interval,
-            html=Path(args.html) if args.html else None,
-        )
-    except LiveError as exc:
-        raise UsageError(str(exc)) from None
+    return watch(  # its LiveError is a UsageError: one line, exit 2
+        Path(args.run_dir),
+        thresholds=_threshold_overrides(args.threshold),
+        interval_s=args.interval,
+        html=Path(args.html) if args.html else None,
+    )

@@ -36,6 +36,7 @@ import orjson
 
 from traceml import job_series, schema, stats
 from traceml.diagnose import label
+from traceml.errors import OutputError, UserError
 from traceml.job_series import RunEstimate
 
 MIN_EFFECT = 0.01  # changes under 1% are never called (not worth a verdict)
@@ -78,8 +79,8 @@ HIDDEN_DRIFT = "drift"
 HIDDEN_ZERO_MEAN = "zero_mean"
 
 
-class CompareInputError(Exception):
-    """A file that cannot be compared; one line for the user, exit code 2."""
+class CompareInputError(UserError):
+    """A file that cannot be compared; one line for the user (cli.main), exit code 2."""
 
 
 @dataclass(frozen=True)
@@ -368,6 +369,39 @@ def _primary(summary: dict[str, Any]) -> str | None:
     return verdicts[0]["kind"] if verdicts else None
 
 
+# traceml's own cost above this share of a step is worth a warning: it may move the result.
+OWN_COST_WARN = 0.01
+
+
+def _own_cost_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -> list[str]:
+    from traceml.report import own_cost
+
+    notes = []
+    for summary in (*side_a, *side_b):
+        measured = own_cost(summary)
+        if measured is not None and measured[1] > OWN_COST_WARN:
+            notes.append(
+                f"traceml's own cost in {summary.get(schema.RUN)} is {measured[0]:.0f} us per "
+                f"step, {measured[1] * 100:.1f}% of step time (over {OWN_COST_WARN:.0%}): "
+                "changes of that size may be traceml's, not the training's"
+            )
+    return notes
+
+
+# Verdicts that name a problem (a change away from one is news).
+_PROBLEMS = frozenset(
+    {
+        schema.VERDICT_INPUT_BOUND,
+        schema.VERDICT_H2D_BOUND,
+        schema.VERDICT_OPTIMIZER_HEAVY,
+        schema.VERDICT_RESIDUAL_HEAVY,
+        schema.VERDICT_STRAGGLER,
+        schema.VERDICT_COMM_BOUND,
+        schema.VERDICT_MEMORY_PRESSURE,
+    }
+)
+
+
 def _diagnosis_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     kind_a, kind_b = _primary(a), _primary(b)
     if kind_a is None or kind_b is None:
@@ -376,9 +410,9 @@ def _diagnosis_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         message = f"{label(kind_a)} in both runs"
     else:
         message = f"{label(kind_a)} -> {label(kind_b)}"
-        if kind_a in ("INPUT_BOUND", "H2D_BOUND", "OPTIMIZER_HEAVY", "RESIDUAL_HEAVY", "STRAGGLER"):
+        if kind_a in _PROBLEMS:
             message += f": the {label(kind_a).lower()} problem is gone"
-            if kind_a == "INPUT_BOUND":
+            if kind_a == schema.VERDICT_INPUT_BOUND:
                 message += " (the input fix worked)"
     return {"a": kind_a, "b": kind_b, "changed": kind_a != kind_b, "message": message}
 
@@ -513,6 +547,7 @@ def compare(
         )
     if blocking and options.allow_setup_change:
         notes.append("setup change accepted (--allow-setup-change): " + "; ".join(blocking))
+    notes.extend(_own_cost_notes(side_a, side_b))
     moved = [
         entry["label"]
         for f, entry in fields.items()
@@ -826,9 +861,8 @@ def compare_command(args: Any) -> int:
                 raise CompareInputError(f"{name} {value:g}: expected a percentage in [0, 100)")
         side_a = [load_summary(path) for path in paths_a]
         side_b = [load_summary(path) for path in paths_b]
-    except CompareInputError as exc:
-        print(f"traceml: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except CompareInputError:
+        raise  # one line and exit code 2, printed by cli.main
     result = compare(side_a, side_b, options)
     text = render_comparison(result)
     if args.output:
@@ -843,11 +877,7 @@ def compare_command(args: Any) -> int:
             )
             text_path.write_text(text)
         except OSError as exc:
-            print(
-                f"traceml: error: cannot write {args.output}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return EXIT_BAD_INPUT
+            raise OutputError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     sys.stdout.write(text)
     code = gate_exit_code(result, args.fail_on_regression)
     if code == EXIT_REGRESSION:

@@ -38,6 +38,8 @@ clock_ns = time.perf_counter_ns
 
 # name -> one line saying what calls it.
 ENTRY_POINTS: dict[str, str] = {}
+# How many entry points are running now (nested calls are counted once, by the outermost).
+_depth = 0
 
 
 class InjectedFault(RuntimeError):
@@ -72,8 +74,10 @@ def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0
     def decorate(function: Callable) -> Callable:
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            global _depth
             owner = args[owner_arg] if owner_arg >= 0 and len(args) > owner_arg else None
             start = clock_ns()
+            _depth += 1
             try:
                 if _inject is not None and _inject == name:
                     raise InjectedFault(f"fault injected into {name}")
@@ -82,7 +86,9 @@ def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0
                 failed(owner, name, exc)
                 return default
             finally:
-                if owner is not None:
+                _depth -= 1
+                # An entry point called from inside another is already in the outer's time.
+                if owner is not None and not _depth:
                     try:
                         owner.own_cost_ns += clock_ns() - start
                     except Exception:

@@ -140,25 +140,46 @@ class RunEstimate:
     approximate: bool  # from an older summary's pooled distribution, not a job series
 
 
-def estimate(stored: dict[str, Any]) -> RunEstimate | None:
-    """The estimate from a stored job-series field (see :func:`_stored_field`)."""
-    points = stored.get("points") or []
-    steps = int(stored.get("steps") or 0)
-    if not points or steps < 1:
+def _finite(value: Any) -> float | None:
+    """A stored number, or None when a damaged summary holds something else there."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    per_point = int(stored.get("steps_per_point") or 1)
+    return float(value) if math.isfinite(value) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def estimate(stored: dict[str, Any]) -> RunEstimate | None:
+    """The estimate from a stored job-series field (see :func:`_stored_field`); None when the
+    field is absent or damaged (compare then falls back to the stored distributions)."""
+    if not isinstance(stored, dict):
+        return None
+    raw_points = stored.get("points")
+    if not isinstance(raw_points, list) or not raw_points:
+        return None
+    points = [_finite(point) for point in raw_points]
+    steps = _count(stored.get("steps"))
+    per_point = _count(stored.get("steps_per_point", 1))
+    if any(point is None or point < 0 for point in points) or steps is None or per_point is None:
+        return None
     weights = [float(per_point)] * len(points)
     weights[-1] = float(steps - per_point * (len(points) - 1))
+    if weights[-1] <= 0:
+        return None
     mean, variance, batches = stats.batch_means(points, weights)
-    mean = stored.get("mean", mean)
-    sd = stored.get("sd")
+    stored_mean = _finite(stored.get("mean"))
+    mean = stored_mean if stored_mean is not None else mean
+    sd = _finite(stored.get("sd"))
     if math.isfinite(variance) and variance > 0 and sd:
         ess = min(float(steps), sd**2 / variance)
     elif variance == 0.0:
         ess = float(steps)  # constant steps: nothing to learn about correlation
     else:
         ess = math.nan
-    first, second = stored.get("first_half_mean"), stored.get("second_half_mean")
+    first = _finite(stored.get("first_half_mean"))
+    second = _finite(stored.get("second_half_mean"))
     drift = math.log(second / first) if first and second and first > 0 and second > 0 else None
     return RunEstimate(
         mean=mean,

@@ -35,6 +35,7 @@ import orjson
 
 from traceml import schema
 from traceml.diagnose import diagnose, label
+from traceml.errors import UsageError
 from traceml.reduce import RankRecords, list_rank_files, reduce_records
 from traceml.thresholds import resolve_thresholds
 
@@ -70,8 +71,8 @@ _SHORT_PHASE = {
 }
 
 
-class LiveError(Exception):
-    """A problem with what the user asked of the live view; one line, exit code 2."""
+class LiveError(UsageError):
+    """A problem with what the user asked of the live view; one line, exit code 2 (cli.main)."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ _COLUMNS: tuple[str, ...] = (
     schema.MICROBATCHES,
     *schema.COMM_FIELDS,
     *schema.GPU_COMM_FIELDS,
+    schema.TRACEML_COST_US,
 )
 # Derived per step from the columns above (see _derive_own).
 _OWN_FIELDS: tuple[str, ...] = (
@@ -58,6 +59,7 @@ _STAT_FIELDS: tuple[str, ...] = (
     *schema.COMM_FIELDS,
     *schema.GPU_COMM_FIELDS,
     *_OWN_FIELDS,
+    schema.TRACEML_COST_US,
 )
 # Fields whose whole distribution goes into the summary (what compare needs).
 _DISTRIBUTED_FIELDS = frozenset(

@@ -211,7 +211,28 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
             f"Peak device memory: {_bytes(overall.get(schema.PEAK_ALLOCATED))} allocated, "
             f"{_bytes(reserved)} reserved"
         )
-    return _wrap(";  ".join(parts), "  ") + _between_steps_lines(overall)
+    return _wrap(";  ".join(parts), "  ") + _between_steps_lines(overall) + own_cost_lines(summary)
+
+
+def own_cost(summary: dict[str, Any]) -> tuple[float, float] | None:
+    """traceml's own cost: (mean microseconds per step, fraction of the mean step)."""
+    phases = (summary.get(schema.SUMMARY_OVERALL) or {}).get(schema.PHASE_STATS) or {}
+    cost, step = phases.get(schema.TRACEML_COST_US), phases.get(schema.STEP)
+    if not cost or not step or not step.get("mean"):
+        return None
+    return cost["mean"], cost["mean"] / 1000.0 / step["mean"]
+
+
+def own_cost_lines(summary: dict[str, Any]) -> list[str]:
+    measured = own_cost(summary)
+    if measured is None:
+        return []
+    micros, fraction = measured
+    return _wrap(
+        f"traceml's own cost: {micros:.0f} us per step ({fraction * 100:.2f}% of step time; "
+        "time inside its hooks and writes, on the same clock)",
+        "  ",
+    )
 
 
 def _between_steps_lines(overall: dict[str, Any]) -> list[str]:

@@ -295,11 +295,6 @@ def test_a_safe_run_name_from_rank_zero_is_adopted(monkeypatch, tmp_path):
     assert adopt_rank_zero_run_name(mine, rank=1).run_name == "train-20260101-000001"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by test_fuzz.py (TRACEML_FUZZ_EXAMPLES=500): compare's job_series.estimate "
-    "compares a null mean (job_series.py); for the owner of compare to fix",
-)
 def test_compare_with_a_null_job_series_mean_is_exit_2_or_a_note(tmp_path, capsys):
     for name in ("a", "b"):
         synthetic_run(tmp_path / name, ranks=2, forward=30, backward=60)
@@ -308,6 +303,9 @@ def test_compare_with_a_null_job_series_mean_is_exit_2_or_a_note(tmp_path, capsy
     summary = orjson.loads(path.read_bytes())
     summary["job_series"]["fields"][schema.BACKWARD]["mean"] = None
     path.write_bytes(orjson.dumps(summary))
+    # Found by test_fuzz.py (TRACEML_FUZZ_EXAMPLES=500): the damaged field falls back to the
+    # stored distributions and the comparison goes on.
     code = main(["compare", str(tmp_path / "a"), str(tmp_path / "b")])
-    err = capsys.readouterr().err
-    assert code in (0, 1, 2, 3) and "Traceback" not in err
+    captured = capsys.readouterr()
+    assert code in (0, 1, 3) and "Traceback" not in captured.err
+    assert "Backward" in captured.out
