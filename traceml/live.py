@@ -36,7 +36,7 @@ import orjson
 from traceml import schema
 from traceml.diagnose import diagnose, label
 from traceml.errors import UsageError
-from traceml.reduce import RankRecords, list_rank_files, reduce_records
+from traceml.reduce import RankRecords, list_rank_files, parse_lines, reduce_records
 from traceml.thresholds import resolve_thresholds
 
 DEFAULT_WINDOW = 100  # steps per rank the provisional verdict looks at
@@ -61,14 +61,7 @@ COLLECTING = "collecting"
 PROVISIONAL = "provisional"
 FINAL = "final"
 
-_SHORT_PHASE = {
-    schema.INPUT_WAIT: "Input",
-    schema.H2D: "H2D",
-    schema.FORWARD: "Fwd",
-    schema.BACKWARD: "Bwd",
-    schema.OPTIMIZER: "Opt",
-    schema.RESIDUAL: "Resid",
-}
+_SHORT_PHASE = {phase: schema.PHASE_SHORT_LABELS[phase] for phase in schema.PHASES}
 
 
 class LiveError(UsageError):
@@ -118,7 +111,7 @@ class RankTail:
             return 0
         self.pending = data[cut + 1 :]
         lines = [line for line in data[:cut].split(b"\n") if line.strip()]
-        for record in _parse_lines(lines):
+        for record in parse_lines(lines):
             if record is None:
                 self.bad_lines += 1
             else:
@@ -140,26 +133,6 @@ class RankTail:
             self.header = record
         elif kind == schema.KIND_FOOTER:
             self.footer = record
-
-
-def _parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
-    """JSON lines to dicts (None for a damaged line); one orjson call when all are fine."""
-    if not lines:
-        return []
-    try:
-        records = orjson.loads(b"[" + b",".join(lines) + b"]")
-        if all(type(record) is dict for record in records):
-            return records
-    except orjson.JSONDecodeError:
-        pass
-    parsed: list[dict[str, Any] | None] = []
-    for line in lines:
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            record = None
-        parsed.append(record if isinstance(record, dict) else None)
-    return parsed
 
 
 class RunFollower:

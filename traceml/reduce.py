@@ -145,8 +145,11 @@ def scan_rank_files(run_dir: Path) -> tuple[dict[int, Path], list[str]]:
     return dict(sorted(found.items())), sorted(skipped)
 
 
-def _parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
-    """Parse JSON lines; one orjson call for the whole chunk in the common case."""
+def parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
+    """JSON lines to dicts (None for a damaged line); one orjson call for the whole chunk in
+    the common case. Also the live view's parser."""
+    if not lines:
+        return []
     try:
         records = orjson.loads(b"[" + b",".join(lines) + b"]")
         if all(type(record) is dict for record in records):
@@ -176,7 +179,7 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
     columns = data.columns
     total = len(lines)
     for start in range(0, total, _CHUNK_LINES):
-        parsed = _parse_lines(lines[start : start + _CHUNK_LINES])
+        parsed = parse_lines(lines[start : start + _CHUNK_LINES])
         # Nearly every line is a well-formed step: take those in one pass, look at the rest.
         steps = [
             record

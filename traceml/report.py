@@ -262,15 +262,7 @@ def _between_steps_lines(overall: dict[str, Any]) -> list[str]:
     return _wrap(text, "  ")
 
 
-_RANK_COLUMNS = {
-    schema.INPUT_WAIT: "Input",
-    schema.H2D: "H2D",
-    schema.FORWARD: "Fwd",
-    schema.BACKWARD: "Bwd",
-    schema.OPTIMIZER: "Opt",
-    schema.RESIDUAL: "Resid",
-    schema.STEP: "Step",
-}
+_RANK_COLUMNS = schema.PHASE_SHORT_LABELS
 
 
 def _rank_lines(summary: dict[str, Any]) -> list[str]:

@@ -18,6 +18,9 @@ KIND_HEADER = "header"
 KIND_STEP = "step"
 KIND_EVENT = "event"
 KIND_FOOTER = "footer"
+# Low rate (once per epoch): what the training DataLoader's workers (or the main process, with
+# num_workers=0) spent per batch in __getitem__, collate_fn and idle; worker start-up.
+KIND_INPUT = "input"
 
 # Phases of one optimizer step, in the order they happen; residual is what none of them covers.
 INPUT_WAIT = "input_wait_ms"
@@ -37,6 +40,17 @@ PHASE_LABELS: dict[str, str] = {
     BACKWARD: "Backward",
     OPTIMIZER: "Optimizer",
     RESIDUAL: "Residual",
+    STEP: "Step",
+}
+
+# Column headings where space is short (per-rank table, live view).
+PHASE_SHORT_LABELS: dict[str, str] = {
+    INPUT_WAIT: "Input",
+    H2D: "H2D",
+    FORWARD: "Fwd",
+    BACKWARD: "Bwd",
+    OPTIMIZER: "Opt",
+    RESIDUAL: "Resid",
     STEP: "Step",
 }
 
