@@ -415,6 +415,15 @@ def _html_table(summary: dict[str, Any]) -> str:
             + "".join(f"<td>{c}</td>" for c in cells)
             + f"<td>{_share(share).strip()}</td></tr>"
         )
+    comm = phase_stats.get(schema.COMM)
+    if comm:
+        # Inside the phases above (not added to them): time blocked on the other ranks.
+        rows.append(
+            '<tr><td title="time blocked waiting on other ranks, inside the phases above">'
+            "Comm wait (inside)</td>"
+            + "".join(f"<td>{_ms(comm[k]).strip()}</td>" for k in ("mean", "median", "p90", "max"))
+            + f"<td>{_share(shares.get(schema.COMM_SHARE)).strip()}</td></tr>"
+        )
     rows.append("</table>")
     return "".join(rows)
 

@@ -11,10 +11,11 @@ from traceml import schema
 from traceml.capture import StepClock
 from traceml.cuda_timing import CudaStepTimer
 from traceml.diagnose import diagnose
+from traceml.finalize import summarise
 from traceml.integrations.distributed import COLLECTIVES, CommTimer, TimedWork, payload_bytes
 from traceml.reduce import reduce_run
 
-from rankfiles import footer, header, write_rank
+from rankfiles import footer, header, synthetic_run, write_rank
 
 MS = 1_000_000
 
@@ -414,3 +415,53 @@ def test_nccl_like_straggler_is_found_from_device_waits(tmp_path):
     assert verdict["evidence"]["cause_phase"] == schema.FORWARD
     assert verdict["evidence"]["cost_ms_per_step"] == pytest.approx(25.0, abs=0.5)
     assert summary["imbalance"]["slowest_rank"] == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# From waits to verdicts and the report (hand-made rank files, gloo-like: the host waits)
+
+
+def test_a_rank_slow_in_forward_is_the_straggler_not_the_rank_that_waits(tmp_path):
+    # Rank 1's forward is 40 ms longer; rank 0 waits for it in the loss's all_reduce
+    # (Residual). Step times are equal, as under DDP.
+    base = dict(input=5, forward=30, backward=40, optimizer=10)
+    synthetic_run(
+        tmp_path,
+        ranks=2,
+        noise=0.01,
+        per_rank={
+            0: {**base, "residual": 45, "comm_residual": 40, "comm_backward": 8},
+            1: {**base, "forward": 70, "residual": 5, "comm_backward": 8},
+        },
+    )
+    summary, text = summarise(tmp_path, html=True)
+    straggler = next(v for v in summary["verdicts"] if v["kind"] == "STRAGGLER")
+    assert straggler["evidence"]["rank"] == 1
+    assert straggler["evidence"]["method"] == "waits"
+    assert straggler["evidence"]["cause_phase"] == schema.FORWARD
+    assert straggler["evidence"]["cost_ms_per_step"] == pytest.approx(40, rel=0.1)
+    assert "It costs the job about" in straggler["why"]
+    # Rank 0's waiting is not its own Residual: no RESIDUAL_HEAVY.
+    assert "RESIDUAL_HEAVY" not in [v["kind"] for v in summary["verdicts"]]
+    assert summary["imbalance"]["slowest_rank"] == 1
+    rank_rows = [line for line in text.splitlines() if line.startswith(("  0 ", "  1 "))]
+    assert "(slowest)" in rank_rows[1] and "(slowest)" not in rank_rows[0]
+    assert "Comm wait" in text and "Own" in text
+    html = (tmp_path / schema.REPORT_HTML).read_text()
+    assert "Comm wait (inside)" in html and "median own ms" in html
+
+
+def test_every_rank_waiting_alike_is_comm_bound_and_balanced_ranks_are_not_stragglers(tmp_path):
+    phases = dict(input=5, forward=30, backward=80, optimizer=10, residual=5, comm_backward=45)
+    synthetic_run(tmp_path / "slow-network", ranks=4, noise=0.03, **phases)
+    verdicts = summarise(tmp_path / "slow-network")[0]["verdicts"]
+    kinds = [v["kind"] for v in verdicts]
+    assert "COMM_BOUND" in kinds and "STRAGGLER" not in kinds
+    comm = next(v for v in verdicts if v["kind"] == "COMM_BOUND")
+    assert comm["evidence"]["least_share"] == pytest.approx(45 / 130, rel=0.1)
+    assert "Backward" in comm["why"]
+
+    quiet = dict(phases, backward=40, comm_backward=3)
+    synthetic_run(tmp_path / "balanced", ranks=4, noise=0.03, **quiet)
+    kinds = [v["kind"] for v in summarise(tmp_path / "balanced")[0]["verdicts"]]
+    assert "COMM_BOUND" not in kinds and "STRAGGLER" not in kinds
