@@ -1,0 +1,83 @@
+"""The input pipeline's breakdown on real Lightning (issue 16): an injected slow __getitem__ is
+attributed to the dataset and a slow collate_fn to collate, within 10%, with 0 and 2 workers;
+non-persistent workers' start-up is measured at every epoch."""
+
+from __future__ import annotations
+
+import pytest
+
+from procs import PYTHON, SCRIPTS, clean_env, rank_records, run
+
+SCRIPT = SCRIPTS / "input_pipeline.py"
+# Long enough that the dataset's own work (random tensors, a fresh worker's first torch call) stays
+# well inside the 10%.
+SLEEP_MS = 50.0
+
+
+def inputs_of(tmp_path, **knobs):
+    env = clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_RUN_NAME="a",
+        TRACEML_REPORT="0",
+        **{"IP_BATCH_SIZE": 2, "IP_BATCHES": 6, **knobs},
+    )
+    result = run([PYTHON, SCRIPT], env, tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "IP_RESULT" in result.stdout  # the script checked the user's objects came back
+    return [r for r in rank_records(tmp_path / "logs" / "a") if r["kind"] == "input"]
+
+
+def totals(records):
+    producers = [p for r in records for p in r["producers"]]
+    return {
+        key: sum(p[key] for p in producers)
+        for key in ("batches", "samples", "getitem_ms", "collate_ms")
+    }
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_getitem_is_attributed_to_the_dataset(tmp_path, workers):
+    records = inputs_of(tmp_path, IP_NUM_WORKERS=workers, IP_GETITEM_SLEEP_MS=SLEEP_MS)
+    assert [r["num_workers"] for r in records] == [workers]
+    sums = totals(records)
+    assert sums["batches"] == 6 and sums["samples"] == 12
+    per_sample = sums["getitem_ms"] / sums["samples"]
+    assert SLEEP_MS <= per_sample <= 1.10 * SLEEP_MS, per_sample
+    assert sums["collate_ms"] / sums["batches"] < 0.10 * SLEEP_MS
+    if workers:
+        assert sorted(p["worker"] for p in records[0]["producers"]) == [0, 1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_collate_is_attributed_to_collate(tmp_path, workers):
+    records = inputs_of(tmp_path, IP_NUM_WORKERS=workers, IP_COLLATE_SLEEP_MS=SLEEP_MS)
+    sums = totals(records)
+    per_batch = sums["collate_ms"] / sums["batches"]
+    assert SLEEP_MS <= per_batch <= 1.10 * SLEEP_MS, per_batch
+    assert sums["getitem_ms"] / sums["samples"] < 0.10 * SLEEP_MS
+
+
+def test_worker_start_up_is_measured_at_every_epoch(tmp_path):
+    start_ms = 300.0
+    records = inputs_of(
+        tmp_path, IP_NUM_WORKERS=2, IP_EPOCHS=3, IP_WORKER_START_MS=start_ms, IP_BATCHES=2
+    )
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    for record in records:
+        assert start_ms <= record["worker_startup_ms"] <= start_ms * 1.5, record
+        assert record["first_batch_ms"] >= record["worker_startup_ms"]
+
+
+def test_persistent_workers_start_once(tmp_path):
+    records = inputs_of(
+        tmp_path,
+        IP_NUM_WORKERS=2,
+        IP_EPOCHS=2,
+        IP_PERSISTENT=1,
+        IP_WORKER_START_MS=300,
+        IP_BATCHES=2,
+    )
+    assert records[0]["worker_startup_ms"] >= 300
+    assert records[1]["worker_startup_ms"] is None
+    assert totals(records[1:])["batches"] == 2

@@ -1,0 +1,441 @@
+"""Worker-side timing of the traced training DataLoader: ``__getitem__``, ``collate_fn``, idle.
+
+What is timed, per batch, where the batch is made (each DataLoader worker, or the main process
+when ``num_workers=0``): the dataset's ``__getitem__`` (or ``__getitems__``) summed over the
+batch's samples, the ``collate_fn`` call, and the batch's busy span (first sample started to
+collate ended). A worker's idle time is the rest of its life after its first batch started:
+waiting for an index, and handing the batch to the main process (pickling into shared memory).
+
+How it gets there: the one training DataLoader instance gets, before its epoch iterator exists,
+
+* its dataset's ``__class__`` swapped for a timing subclass (per instance, like the fetcher in
+  ``lightning_instruments``): ``__getitem__`` calls the user's method exactly once, returns its
+  object, and lets its exceptions through;
+* its ``collate_fn`` attribute replaced by a timing wrapper around the user's function.
+
+Workers are forked when the epoch's iterator is created, so they inherit both, and an anonymous
+shared memory map (one slot of counters per worker, plus slot 0 for the main process). A worker
+writes its slot once per batch (``struct.pack_into``, guarded by a sequence counter so the main
+process never reads half a write); the main process reads the slots once per epoch. Measured
+options (benchmarks/dataloader_transport.py): the shared map costs ~1 us per batch and never
+blocks; a multiprocessing queue costs ~10-20 us per put plus a feeder thread in every worker; a
+per-worker file costs a write system call per batch and leaves files to clean up.
+
+Supported: map-style datasets, ``num_workers`` 0 or more, persistent workers, the ``fork``
+start method (Linux's default before Python 3.14). Not supported (left untimed, with a note in
+the rank file): ``spawn``/``forkserver`` workers (they unpickle a fresh copy of the dataset and
+cannot reach the map), iterable datasets (no per-sample call), datasets whose class cannot be
+swapped (``__slots__`` without ``__dict__``, C types), and more than MAX_WORKERS workers. A
+dataset object shared with a validation DataLoader is counted there too.
+
+Everything traceml does inside a worker is fail-open: a failure turns that worker's timing off
+and never reaches the batch. In the main process the two doors (``dataloader.getitem``,
+``dataloader.collate``) are guarded entry points whose failure turns tracing off with one warning.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from typing import Any
+
+from traceml.guard import entry_point
+
+clock_ns = time.perf_counter_ns
+
+MAX_WORKERS = 255
+# One slot: seq, pid, samples, batches, getitem_ns, collate_ns, busy_ns, first_start_ns,
+# first_end_ns, last_end_ns. seq is odd while the writer is inside a write.
+_SLOT = struct.Struct("<10q")
+_SEQ = struct.Struct("<q")
+SLOT_FIELDS = (
+    "pid",
+    "samples",
+    "batches",
+    "getitem_ns",
+    "collate_ns",
+    "busy_ns",
+    "first_start_ns",
+    "first_end_ns",
+    "last_end_ns",
+)
+
+_timed_datasets: dict[type, type] = {}
+# The timing of the traced DataLoader (one per process); workers inherit it through fork.
+_active: InputTiming | None = None
+
+
+class _ProcessCounters:
+    """What this process (a worker, or the main process) has made so far."""
+
+    __slots__ = (
+        "batch_start_ns",
+        "batches",
+        "busy_ns",
+        "collate_ns",
+        "first_end_ns",
+        "first_start_ns",
+        "getitem_ns",
+        "last_end_ns",
+        "pid",
+        "samples",
+        "seq",
+        "slot",
+    )
+
+    def __init__(self, pid: int, slot: int) -> None:
+        self.pid, self.slot = pid, slot
+        self.samples = self.batches = self.getitem_ns = self.collate_ns = self.busy_ns = 0
+        self.first_start_ns = self.first_end_ns = self.last_end_ns = 0
+        self.batch_start_ns: int | None = None
+        self.seq = 0
+
+
+def _worker_slot() -> int | None:
+    """This process's slot: worker id + 1 in a DataLoader worker, 0 in the main process."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None:
+        return 0
+    return info.id + 1 if info.id < MAX_WORKERS else None
+
+
+_timed_loaders: dict[type, type] = {}
+
+
+def timed_loader_class(base: type) -> type:
+    """A subclass of the DataLoader class ``base`` whose epoch iterators report their start."""
+    if base not in _timed_loaders:
+
+        def _get_iterator(self):
+            start = clock_ns()
+            iterator = super(timed, self)._get_iterator()
+            timing = self.__dict__.get("_traceml_timing")
+            if timing is not None and timing.on:
+                timing.iterator_created(start, clock_ns())
+            return iterator
+
+        timed = type(
+            f"TraceMLTimed{base.__name__}",
+            (base,),
+            {"_get_iterator": _get_iterator, "__module__": __name__},
+        )
+        _timed_loaders[base] = timed
+    return _timed_loaders[base]
+
+
+def timed_dataset_class(base: type) -> type:
+    """A subclass of the dataset class ``base`` whose item calls report their time."""
+    if base in _timed_datasets:
+        return _timed_datasets[base]
+
+    def __getitem__(self, index):
+        start = clock_ns()
+        item = super(timed, self).__getitem__(index)  # user errors pass through untouched
+        timing = _active
+        if timing is not None and timing.on:
+            timing.sample_made(start, 1)
+        return item
+
+    namespace: dict[str, Any] = {"__getitem__": __getitem__, "__module__": __name__}
+    if callable(getattr(base, "__getitems__", None)):
+        # torch's fetcher calls __getitems__(indices) instead of __getitem__ when it exists.
+        def __getitems__(self, indices):
+            start = clock_ns()
+            items = super(timed, self).__getitems__(indices)
+            timing = _active
+            if timing is not None and timing.on:
+                timing.sample_made(start, len(indices))
+            return items
+
+        namespace["__getitems__"] = __getitems__
+    timed = type(f"TraceMLTimed{base.__name__}", (base,), namespace)
+    _timed_datasets[base] = timed
+    return timed
+
+
+class InputTiming:
+    """The timing installed on one training DataLoader, and how to take it away again."""
+
+    def __init__(self, loader: Any, observer: Any) -> None:
+        self.loader = loader
+        self.observer = observer  # the callback: failures in the main process go to it
+        self.main_pid = os.getpid()
+        self.on = True
+        self.own_cost_ns = 0
+        self.num_workers = int(getattr(loader, "num_workers", 0) or 0)
+        self.shared = mmap.mmap(-1, _SLOT.size * (MAX_WORKERS + 1))
+        self.counters: _ProcessCounters | None = None
+        # Main-process bookkeeping: last reading per worker pid, epoch start.
+        self._seen: dict[int, tuple[int, ...]] = {}
+        self._iterator_ms: float | None = None
+        self._iterator_start_ns: int | None = None
+        self._undo: list[Any] = []
+
+    # -- installing ------------------------------------------------------------------------
+
+    def install(self) -> None:
+        loader = self.loader
+        loader_class = type(loader)
+        loader.__class__ = timed_loader_class(loader_class)
+        loader.__dict__["_traceml_timing"] = self
+
+        def restore_loader() -> None:
+            if type(loader) is _timed_loaders.get(loader_class):
+                loader.__class__ = loader_class
+            loader.__dict__.pop("_traceml_timing", None)
+
+        self._undo.append(restore_loader)
+        dataset = loader.dataset
+        original_class = type(dataset)
+        dataset.__class__ = timed_dataset_class(original_class)
+
+        def restore_dataset() -> None:
+            if type(dataset) is _timed_datasets.get(original_class):
+                dataset.__class__ = original_class
+
+        self._undo.append(restore_dataset)
+        user_collate = loader.collate_fn
+        timing = self
+
+        def timed_collate(batch: Any) -> Any:
+            start = clock_ns()
+            result = user_collate(batch)
+            if timing.on:
+                timing.batch_made(start)
+            return result
+
+        loader.collate_fn = timed_collate
+
+        def restore_collate() -> None:
+            if loader.__dict__.get("collate_fn") is timed_collate:
+                loader.collate_fn = user_collate
+
+        self._undo.append(restore_collate)
+
+    def uninstall(self) -> None:
+        """Undo every change (idempotent); the map stays readable for a last collect."""
+        global _active
+        self.on = False
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception:
+                pass
+        if _active is self:
+            _active = None
+
+    # -- the two doors (workers, or the main process when num_workers=0) -------------------
+
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        self.on = False
+        if os.getpid() == self.main_pid:
+            self.observer._entry_failed(name, exc)
+        # In a worker: that worker's timing is off; nothing may reach the user's batch, and
+        # the worker must not write to the rank file (its descriptor is the parent's).
+
+    def _here(self) -> _ProcessCounters | None:
+        counters = self.counters
+        pid = os.getpid()
+        if counters is None or counters.pid != pid:
+            slot = _worker_slot()
+            if slot is None:
+                self.on = False
+                return None
+            counters = self.counters = _ProcessCounters(pid, slot)
+        return counters
+
+    @entry_point("dataloader.getitem", "after the traced dataset's __getitem__ (per sample)")
+    def sample_made(self, start: int, samples: int) -> None:
+        end = clock_ns()
+        counters = self._here()
+        if counters is None:
+            return
+        counters.samples += samples
+        counters.getitem_ns += end - start
+        if counters.batch_start_ns is None:
+            counters.batch_start_ns = start
+            if not counters.first_start_ns:
+                counters.first_start_ns = start
+
+    @entry_point("dataloader.collate", "after the traced DataLoader's collate_fn (per batch)")
+    def batch_made(self, start: int) -> None:
+        end = clock_ns()
+        counters = self._here()
+        if counters is None:
+            return
+        counters.collate_ns += end - start
+        batch_start = counters.batch_start_ns if counters.batch_start_ns is not None else start
+        if not counters.first_start_ns:
+            counters.first_start_ns = batch_start
+        counters.busy_ns += end - batch_start
+        counters.batch_start_ns = None
+        counters.batches += 1
+        counters.last_end_ns = end
+        if not counters.first_end_ns:
+            counters.first_end_ns = end
+        self._publish(counters)
+
+    def _publish(self, counters: _ProcessCounters) -> None:
+        offset = counters.slot * _SLOT.size
+        counters.seq += 1
+        _SEQ.pack_into(self.shared, offset, counters.seq)  # odd: a write is in progress
+        counters.seq += 1
+        _SLOT.pack_into(
+            self.shared,
+            offset,
+            counters.seq,
+            counters.pid,
+            counters.samples,
+            counters.batches,
+            counters.getitem_ns,
+            counters.collate_ns,
+            counters.busy_ns,
+            counters.first_start_ns,
+            counters.first_end_ns,
+            counters.last_end_ns,
+        )
+
+    # -- the main process ------------------------------------------------------------------
+
+    def iterator_created(self, start: int, end: int) -> None:
+        """The DataLoader made an epoch iterator (forked its workers, unless persistent)."""
+        self._iterator_start_ns = start
+        self._iterator_ms = (self._iterator_ms or 0.0) + (end - start) / 1e6
+
+    def read_slots(self) -> dict[int, tuple[int, ...]]:
+        """slot -> the SLOT_FIELDS of the process writing it (consistent reads only)."""
+        slots = {}
+        for slot in range(MAX_WORKERS + 1):
+            offset = slot * _SLOT.size
+            for _attempt in range(100):
+                values = _SLOT.unpack_from(self.shared, offset)
+                if values[0] % 2 == 0 and _SEQ.unpack_from(self.shared, offset)[0] == values[0]:
+                    break
+            else:
+                continue
+            if values[0]:
+                slots[slot] = values[1:]
+        return slots
+
+    def epoch_record(self, epoch: Any) -> dict[str, Any] | None:
+        """What each producer made since the previous call, as an ``input`` record."""
+        workers = []
+        started: list[tuple[int, int]] = []  # (first start, first end) of workers new here
+        for slot, values in sorted(self.read_slots().items()):
+            fields = dict(zip(SLOT_FIELDS, values, strict=True))
+            previous = self._seen.get(fields["pid"])
+            self._seen[fields["pid"]] = values
+            if previous is not None:
+                before = dict(zip(SLOT_FIELDS, previous, strict=True))
+                span_start = before["last_end_ns"]
+            else:
+                before = dict.fromkeys(SLOT_FIELDS, 0)
+                span_start = fields["first_start_ns"]
+                if slot:
+                    started.append((fields["first_start_ns"], fields["first_end_ns"]))
+            batches = fields["batches"] - before["batches"]
+            if batches <= 0:
+                continue
+            busy = fields["busy_ns"] - before["busy_ns"]
+            workers.append(
+                {
+                    "worker": slot - 1 if slot else None,
+                    "batches": batches,
+                    "samples": fields["samples"] - before["samples"],
+                    "getitem_ms": (fields["getitem_ns"] - before["getitem_ns"]) / 1e6,
+                    "collate_ms": (fields["collate_ns"] - before["collate_ns"]) / 1e6,
+                    "busy_ms": busy / 1e6,
+                    "span_ms": max(fields["last_end_ns"] - span_start, busy) / 1e6,
+                }
+            )
+        iterator_ms, self._iterator_ms = self._iterator_ms, None
+        origin, self._iterator_start_ns = self._iterator_start_ns, None
+        if not workers and iterator_ms is None:
+            return None
+        record = input_record(self.loader, epoch, workers, iterator_ms)
+        if started and origin is not None:
+            # Worker start-up: the iterator forked them, until the first one began a batch
+            # (imports, worker_init_fn, dataset copies); the first batch is ready after that.
+            record["worker_startup_ms"] = max(0, min(s for s, _ in started) - origin) / 1e6
+            record["first_batch_ms"] = max(0, min(e for _, e in started) - origin) / 1e6
+        return record
+
+
+def input_record(
+    loader: Any, epoch: Any, workers: list[dict[str, Any]], iterator_ms: float | None
+) -> dict[str, Any]:
+    from traceml import schema
+
+    context = getattr(loader, "multiprocessing_context", None)
+    return {
+        schema.KIND: schema.KIND_INPUT,
+        schema.EPOCH: epoch,
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "start_method": _start_method(context),
+        "cpu_count": _cpu_count(),
+        "iterator_ms": iterator_ms,
+        "worker_startup_ms": None,
+        "first_batch_ms": None,
+        "producers": workers,
+    }
+
+
+def _start_method(context: Any) -> str:
+    if context is None:
+        import multiprocessing
+
+        return multiprocessing.get_start_method()
+    if isinstance(context, str):
+        return context
+    return context.get_start_method()
+
+
+def _cpu_count() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def unsupported_reason(loader: Any) -> str | None:
+    """Why this DataLoader's input cannot be timed, or None."""
+    from torch.utils.data import IterableDataset
+
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or isinstance(dataset, IterableDataset):
+        return "an iterable dataset (no per-sample call to time)"
+    if int(getattr(loader, "num_workers", 0) or 0) > MAX_WORKERS:
+        return f"more than {MAX_WORKERS} DataLoader workers"
+    if int(getattr(loader, "num_workers", 0) or 0) > 0:
+        method = _start_method(getattr(loader, "multiprocessing_context", None))
+        if method != "fork":
+            return f"DataLoader workers started with {method!r} (only 'fork' inherits the timing)"
+    if not hasattr(dataset, "__dict__"):
+        return f"a dataset of type {type(dataset).__name__} (its class cannot be swapped)"
+    return None
+
+
+def install_input_timing(loader: Any, observer: Any) -> tuple[InputTiming | None, str | None]:
+    """Time ``loader``'s workers for ``observer`` (the callback): (timing, None) or (None, why)."""
+    global _active
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        return None, "the training dataloader is not one torch DataLoader"
+    reason = unsupported_reason(loader)
+    if reason is not None:
+        return None, reason
+    timing = InputTiming(loader, observer)
+    try:
+        timing.install()
+    except TypeError as exc:  # __class__ assignment refused (layout differs)
+        timing.uninstall()
+        return None, f"the dataset's class cannot be swapped ({exc})"
+    _active = timing
+    return timing, None
