@@ -243,3 +243,83 @@ def memory_imbalance(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         "rank": heaviest,
         "bytes_by_rank": {str(rank): value for rank, value in by_rank.items()},
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# compare: memory and utilization deltas between two sides (plain figures, no statistics:
+# the samples are too few and too correlated for intervals; the step-time engine decides).
+
+
+def _side_figure(side: list[dict[str, Any]], pick: Any) -> float | None:
+    """The mean over a side's runs of the worst rank's figure (None where no run has it)."""
+    per_run = []
+    for summary in side:
+        values = []
+        for entry in summary.get(schema.SUMMARY_RANKS) or []:
+            try:
+                value = pick(entry, entry[schema.TELEMETRY])
+            except (AttributeError, KeyError, TypeError, IndexError):
+                continue  # a damaged or older summary: that rank has no figure
+            if type(value) in (int, float) and math.isfinite(value):
+                values.append(value)
+        if values:
+            per_run.append(max(values))
+    return _mean(per_run)
+
+
+def _trend_slope(entry: dict[str, Any], telemetry: dict[str, Any]) -> float | None:
+    trends = telemetry.get(schema.MEMORY_TREND) or {}
+    fit = trends.get("device_allocated") or trends.get("rss")
+    return fit["slope_mb_per_1k_steps"] if fit else None
+
+
+_DELTAS: tuple[tuple[str, str, Any], ...] = (
+    ("memory_trend_mb_per_1k", "Memory trend (MB per 1,000 steps)", _trend_slope),
+    (
+        "process_cpu_pct",
+        "Main process CPU (% of a core)",
+        lambda e, t: (t.get(schema.HOST_CPU) or {}).get("process_pct_mean"),
+    ),
+    (
+        "workers_cpu_pct",
+        "DataLoader workers CPU (% of a core)",
+        lambda e, t: (t.get(schema.HOST_CPU) or {}).get("workers_pct_mean"),
+    ),
+    (
+        "host_cpu_pct",
+        "Host CPU (% of all cores)",
+        lambda e, t: (t.get(schema.HOST_CPU) or {}).get("system_pct_mean"),
+    ),
+    (
+        "device_busy_pct",
+        "Device busy (% of step time)",
+        lambda e, t: (
+            None if (busy := (t.get(schema.DEVICE_BUSY) or {}).get("share")) is None else busy * 100
+        ),
+    ),
+    (
+        "nvml_util_pct",
+        "NVML GPU utilization (%)",
+        lambda e, t: (t.get(schema.NVML) or {}).get("gpu_util_pct_mean"),
+    ),
+)
+
+
+def resource_deltas(
+    side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """{name: {label, a, b, change}} for the resource figures both sides have."""
+    deltas = {}
+    for name, label, pick in _DELTAS:
+        a, b = _side_figure(side_a, pick), _side_figure(side_b, pick)
+        if a is None or b is None:
+            continue
+        deltas[name] = {"label": label, "a": a, "b": b, "change": b - a}
+    return deltas
+
+
+def delta_lines(deltas: dict[str, dict[str, Any]]) -> list[str]:
+    return [
+        f"{d['label']}: {d['a']:,.1f} -> {d['b']:,.1f} ({d['change']:+,.1f})"
+        for d in deltas.values()
+    ]
