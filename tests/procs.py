@@ -41,6 +41,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def warning_lines(stderr: str) -> list[str]:
+    """traceml's warning lines, without the informational announcement of a direct launch
+    ('traceml: tracing into <dir>; to watch it live: ...')."""
+    return [
+        line
+        for line in stderr.splitlines()
+        if line.startswith("traceml:") and "to watch it live:" not in line
+    ]
+
+
 def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300):
     return subprocess.run(
         [str(a) for a in args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout

@@ -21,12 +21,18 @@ from procs import BIN, PYTHON, SCRIPTS, clean_env, rank_records, run, steps_of
 RFD_DDP = SCRIPTS / "rfdetr_ddp.py"
 TINY = SCRIPTS / "tiny_lightning.py"
 
-# (where the cost goes, injected ms per step, the phase traceml must name)
+# (where the cost goes, injected ms per item, injected ms per step, the phase traceml must
+# name, extra settings)
 RFDETR_CASES = [
     # 150 ms per image, 2 images per batch: 300 ms per step in the dataset.
-    ("dataset", 150.0, 300.0, schema.INPUT_WAIT),
-    ("forward", 300.0, 300.0, schema.FORWARD),
-    ("backward", 300.0, 300.0, schema.BACKWARD),
+    ("dataset", 150.0, 300.0, schema.INPUT_WAIT, {}),
+    ("forward", 300.0, 300.0, schema.FORWARD, {}),
+    # The encoder frozen: on this 2-core machine the gloo threads all-reducing the full model's
+    # 100 MB of gradients take CPU from rank 1's own gradient computation while it catches up
+    # (measured: +350 ms of Backward compute for +300 ms injected when the machine is busy,
+    # +309 ms when it is quiet). That is real time on this machine, not a timing error; with
+    # the decoder's gradients only, the all-reduce steals little and the injected cost shows.
+    ("backward", 300.0, 300.0, schema.BACKWARD, {"RFD_FREEZE_ENCODER": "1"}),
 ]
 
 
@@ -93,14 +99,17 @@ def assert_straggler(summary: dict, phase: str, injected_ms: float) -> None:
     assert verdict(summary, "COMM_BOUND") is None
 
 
-@pytest.mark.parametrize(("where", "per_item_ms", "injected_ms", "phase"), RFDETR_CASES)
-def test_rfdetr_straggler_is_named_with_its_phase(tmp_path, where, per_item_ms, injected_ms, phase):
+@pytest.mark.parametrize(("where", "per_item_ms", "injected_ms", "phase", "extra"), RFDETR_CASES)
+def test_rfdetr_straggler_is_named_with_its_phase(
+    tmp_path, where, per_item_ms, injected_ms, phase, extra
+):
     summary = rfdetr(
         tmp_path,
         where,
         RFD_SLOW_RANK=1,
         RFD_SLOW_WHERE=where,
         RFD_SLOW_MS=per_item_ms,
+        **extra,
     )
     assert_straggler(summary, phase, injected_ms)
     records = steps_of(rank_records(tmp_path / "logs" / where, 0))

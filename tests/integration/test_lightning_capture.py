@@ -11,7 +11,7 @@ import pytest
 
 from traceml import schema
 
-from procs import PYTHON, TINY, clean_env, rank_records, run, steps_of, tiny_result
+from procs import PYTHON, TINY, clean_env, rank_records, run, steps_of, tiny_result, warning_lines
 
 
 def traced(tmp_path, **tiny):
@@ -173,7 +173,7 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     result = run([PYTHON, TINY], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert tiny_result(result.stdout)["global_step"] == 8
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("traceml:")]
+    warnings = warning_lines(result.stderr)
     assert len(warnings) == 1
     assert "tracing disabled" in warnings[0] and "injected failure" in warnings[0]
     records = rank_records(tmp_path / "logs" / "b")
@@ -188,7 +188,7 @@ def test_unwritable_logs_dir_warns_and_trains(tmp_path):
     result, _ = traced(tmp_path, TINY_BATCHES=4, TRACEML_LOGS_DIR=blocker / "logs")
     assert result.returncode == 0, result.stderr
     assert tiny_result(result.stdout)["global_step"] == 4
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("traceml:")]
+    warnings = warning_lines(result.stderr)
     assert len(warnings) == 1 and "cannot create" in warnings[0]
 
 
@@ -255,7 +255,7 @@ def test_unsupported_setup_is_named_and_trains_natively(tmp_path):
     result, run_dir = traced(tmp_path, TINY_BATCHES=5, TINY_MANUAL="1")
     assert result.returncode == 0, result.stderr
     assert tiny_result(result.stdout)["global_step"] == 5
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("traceml:")]
+    warnings = warning_lines(result.stderr)
     assert warnings == [
         "traceml: not tracing: manual optimization (automatic_optimization=False) is not "
         "supported; training runs natively"
