@@ -144,6 +144,13 @@ def activate_manually(settings: Settings) -> None:
     register_integrations()
 
 
+def deactivate() -> None:
+    """Tracing off for the rest of this process (traceml.guard, after a failure no callback
+    owns): every later door finds no settings and leaves the training alone."""
+    with _lock:
+        _state.settings = None
+
+
 def reset_for_tests() -> None:
     with _lock:
         _state.activated = False

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from traceml import job_series, schema, stats
+from traceml import input_pipeline, job_series, resources, schema, stats
 from traceml.diagnose import label
 from traceml.errors import OutputError, UserError
 from traceml.job_series import RunEstimate
@@ -548,6 +548,8 @@ def compare(
     if blocking and options.allow_setup_change:
         notes.append("setup change accepted (--allow-setup-change): " + "; ".join(blocking))
     notes.extend(_own_cost_notes(side_a, side_b))
+    # Memory trend and utilization (issue 15): figures side by side, not judged.
+    resource_changes = resources.resource_deltas(side_a, side_b)
     moved = [
         entry["label"]
         for f, entry in fields.items()
@@ -582,6 +584,8 @@ def compare(
             "within_run_drift_pct": step.get("drift_pct"),
         },
         "notes": notes,
+        "resources": resource_changes,
+        "input_pipeline": input_pipeline.compare_breakdowns(first_a, first_b),
         "rules": _rules(options, one_run_a_side, len(side_a), len(side_b)),
         "method": "; ".join(_rules(options, one_run_a_side, len(side_a), len(side_b))),
     }
@@ -811,6 +815,8 @@ def render_comparison(result: dict[str, Any]) -> str:
             f"Memory ({memory['measure']}): {memory['a_bytes'] / 2**20:.0f} MiB -> "
             f"{memory['b_bytes'] / 2**20:.0f} MiB ({_fmt_pct(memory['change_pct'])})"
         )
+    lines.extend(resources.delta_lines(result.get("resources") or {}))
+    lines.extend(input_pipeline.comparison_lines(result.get("input_pipeline")))
     for note in result["notes"]:
         lines.append(f"Note: {note}")
     # One line in the JSON; wrapped here so the text stays 100 columns wide.

@@ -109,6 +109,16 @@ def failed(owner: Any, name: str, exc: BaseException) -> None:
             return
         except Exception:
             pass
+    # No owner to turn off (a wrapper, an import hook, init()): turn tracing off for the whole
+    # process, as the warning says. Otherwise a later door would trace what this one should
+    # have: after rfdetr.build_trainer failed, the plain Trainer.fit hook traced RF-DETR as
+    # generic Lightning, past RF-DETR's unsupported-model checks.
+    try:
+        from traceml import bootstrap
+
+        bootstrap.deactivate()
+    except Exception:
+        pass
     console.warn(
         f"tracing disabled: {name} failed ({type(exc).__name__}: {exc}); "
         "training continues untraced",

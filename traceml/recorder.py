@@ -72,6 +72,14 @@ class RankRecorder:
             }
         )
 
+    def samples(self, records: list[dict[str, Any]]) -> None:
+        """Append telemetry samples, each stamped with the steps written before it."""
+        if not self.is_open:
+            return
+        for record in records:
+            record[schema.AT_STEP] = self.steps_written
+            self.sink.write(record)
+
     # -- steps -----------------------------------------------------------------------------
 
     @property

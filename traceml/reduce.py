@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from traceml import job_series, schema, stats
+from traceml import input_pipeline, job_series, resources, schema, stats
 from traceml.errors import ReduceError
 from traceml.thresholds import resolve_thresholds
 
@@ -102,6 +102,8 @@ class RankRecords:
     bad_values: int = 0
     bad_header_fields: list[str] = field(default_factory=list)
     unreadable: str | None = None  # why the file could not be read at all
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # KIND_INPUT records
+    samples: list[dict[str, Any]] = field(default_factory=list)  # telemetry (KIND_SAMPLE)
 
     @property
     def step_count(self) -> int:
@@ -191,6 +193,13 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
         if len(steps) == len(parsed):
             _append_columns(columns, steps)
             continue
+        # Telemetry samples come about once a second, so most chunks hold a few: keep those
+        # chunks on the fast path too.
+        samples = [r for r in parsed if r is not None and r.get(schema.KIND) == schema.KIND_SAMPLE]
+        if samples and len(steps) + len(samples) == len(parsed):
+            _append_columns(columns, steps)
+            data.samples.extend(samples)
+            continue
         steps = []
         for index, record in enumerate(parsed):
             if record is None:
@@ -212,6 +221,10 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
                 data.events.append(record)
             elif kind == schema.KIND_FOOTER:
                 data.footer = record
+            elif kind == schema.KIND_INPUT:
+                data.inputs.append({**record, schema.RANK: data.rank})
+            elif kind == schema.KIND_SAMPLE:
+                data.samples.append(record)
         _append_columns(columns, steps)
     return data
 
@@ -526,6 +539,7 @@ def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[st
     entry[schema.WALL_MS], last_end = _step_span(columns)
     entry[schema.AFTER_LAST_STEP_MS] = _after_last_step(header, footer, last_end)
     entry[schema.TIMELINE] = _timeline(columns, skipped)
+    entry[schema.TELEMETRY] = resources.rank_telemetry(columns, data.samples, data.header, skipped)
     return entry, sketches
 
 
@@ -713,6 +727,7 @@ def summarise_records(data: RankRecords, warmup: int) -> dict[str, Any]:
         "status": (data.footer or {}).get(schema.STATUS),
         "header": data.header,
         "job_series": job_series.rank_series(data.columns, entry[schema.SUMMARY_WARMUP]),
+        "inputs": data.inputs,
     }
 
 
@@ -853,6 +868,7 @@ class _RunTotals:
         self.headers: dict[int, dict[str, Any]] = {}
         self.statuses: dict[int, str | None] = {}
         self.series = job_series.JobSeriesAccumulator()
+        self.inputs: list[dict[str, Any]] = []
 
     def add(self, part: dict[str, Any]) -> None:
         entry = part["entry"]
@@ -864,6 +880,7 @@ class _RunTotals:
         if part["header"] is not None:
             self.headers[rank] = part["header"]
         self.series.add(part.get("job_series"))
+        self.inputs.extend(part.get("inputs") or [])
         for fieldname, sketch in part["sketches"].items():
             totals = self.fields.setdefault(fieldname, _FieldTotals())
             totals.add(sketch, entry[schema.PHASE_STATS][fieldname])
@@ -923,10 +940,11 @@ def _summary_from_parts(
         schema.SUMMARY_APPROXIMATE: totals.approximate,
         schema.SUMMARY_OVERALL: overall,
         schema.SUMMARY_RANKS: totals.entries,
-        schema.SUMMARY_IMBALANCE: _imbalance(totals.entries),
+        schema.SUMMARY_IMBALANCE: _imbalance_with_memory(totals.entries),
         schema.SUMMARY_THRESHOLDS: limits,
         schema.SUMMARY_NOTES: _dedupe_rank_notes(totals.notes, len(totals.entries)),
         schema.SUMMARY_JOB_SERIES: totals.series.result(),
+        schema.SUMMARY_INPUT_PIPELINE: input_pipeline.summarise(totals.inputs),
     }
 
 
@@ -1027,6 +1045,16 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         schema.IMBALANCE_FIELDS: fields,
         schema.SLOWEST_RANK: own["slowest_rank"] if own else None,
     }
+
+
+def _imbalance_with_memory(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """:func:`_imbalance`, plus which rank holds the most memory (telemetry, issue 15)."""
+    imbalance = _imbalance(rank_entries)
+    memory = resources.memory_imbalance(rank_entries)
+    if imbalance is not None or memory is not None:
+        imbalance = dict(imbalance or {})
+        imbalance[schema.MEMORY_IMBALANCE] = memory
+    return imbalance
 
 
 def _setup(headers: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Any
 
 from traceml import schema
 from traceml.diagnose import label, noise_caveat
+from traceml.report_resources import html_section as resource_html
+from traceml.report_resources import text_lines as resource_lines
 
 WIDTH = 100
 # Rows of missing ranks listed in the per-rank table; the notes give them all, as ranges.
@@ -77,12 +79,41 @@ def for_terminal(text: str) -> str:
 
 def render_text(summary: dict[str, Any]) -> str:
     lines: list[str] = [*_wrap(headline(summary), ""), ""]
-    for section in (_verdict_lines, _phase_lines, _rank_section, _note_lines):
+    sections = (_verdict_lines, _phase_lines, _input_lines, _rank_section, resource_lines)
+    for section in (*sections, _note_lines):
         block = section(summary)
         if block:
             lines.extend([*block, ""])
     lines.append(f"Summary: {summary.get(schema.SUMMARY_RUN_DIR, '.')}/{schema.SUMMARY_JSON}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _input_lines(summary: dict[str, Any]) -> list[str]:
+    """The input pipeline's breakdown (traceml/input_pipeline.py), when it was timed."""
+    breakdown = summary.get(schema.SUMMARY_INPUT_PIPELINE)
+    if not isinstance(breakdown, dict):
+        return []
+    workers = breakdown.get("num_workers") or 0
+    where = f"{workers} workers" if workers else "the main process (num_workers=0)"
+    lines = [
+        f"Input pipeline ({where}; {breakdown.get('batches')} batches, per batch)",
+        f"  __getitem__ {breakdown['getitem_ms_per_batch']:.1f} ms (summed over its samples), "
+        f"collate_fn {breakdown['collate_ms_per_batch']:.1f} ms, "
+        f"busy {breakdown['busy_ms_per_batch']:.1f} ms",
+    ]
+    busy = breakdown.get("worker_busy_share")
+    if busy is not None:
+        per_worker = breakdown.get("batches_per_worker") or {}
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(per_worker.items()))
+        lines.append(
+            f"  workers busy {busy * 100:.0f}%, idle {(1 - busy) * 100:.0f}%; "
+            f"batches per worker {counts}"
+        )
+    startups = breakdown.get("worker_startup_ms")
+    if startups:
+        each = ", ".join(f"{value / 1000:.2f}" for value in startups)
+        lines.append(f"  worker start-up per epoch (s): {each}")
+    return lines
 
 
 def _verdict_lines(summary: dict[str, Any]) -> list[str]:
@@ -361,6 +392,7 @@ def render_html(summary: dict[str, Any]) -> str:
             f"<p><b>Next:</b> {esc(verdict['next'])}</p></div>"
         )
     parts.append(_html_table(summary))
+    parts.append(_input_html(summary))
     parts.append(_html_rank_table(summary))
     parts.append("<h2>Step time per rank, stacked by phase</h2>")
     parts.append(
@@ -384,6 +416,7 @@ def render_html(summary: dict[str, Any]) -> str:
     )
     for entry in ranks:
         parts.append(_timeline_svg(entry, tallest or 1.0))
+    parts.append(resource_html(summary))
     notes = summary.get(schema.SUMMARY_NOTES) or []
     if notes:
         parts.append("<h2>Notes</h2><ul>")
@@ -392,6 +425,15 @@ def render_html(summary: dict[str, Any]) -> str:
     parts.append("<h2>Report text</h2><pre>" + esc(render_text(summary)) + "</pre>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _input_html(summary: dict[str, Any]) -> str:
+    """The input pipeline's breakdown as a section of report.html (empty when not timed)."""
+    lines = _input_lines(summary)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
+    return f"<h2>{html.escape(lines[0])}</h2><ul>{items}</ul>"
 
 
 def _html_table(summary: dict[str, Any]) -> str:

@@ -7,8 +7,8 @@ MAJOR with a one-line error.
 
 from __future__ import annotations
 
-RANK_SCHEMA = "traceml.rank/1.1"
-SUMMARY_SCHEMA = "traceml.summary/1.1"
+RANK_SCHEMA = "traceml.rank/1.2"  # 1.2: "sample" records (telemetry)
+SUMMARY_SCHEMA = "traceml.summary/1.2"  # 1.2: telemetry per rank
 COMPARISON_SCHEMA = "traceml.comparison/2.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
 
@@ -267,6 +267,8 @@ SLOWEST_RANK = "slowest_rank"
 # The job's step series (traceml/job_series.py): one value per step of the whole job, the
 # unit compare's statistics need (ranks move in lock-step, so they are not separate samples).
 SUMMARY_JOB_SERIES = "job_series"
+# The input pipeline's breakdown (traceml/input_pipeline.py), or null when not timed.
+SUMMARY_INPUT_PIPELINE = "input_pipeline"
 
 # --- Verdicts (diagnose.py): each is {VERDICT_KIND, VERDICT_SEVERITY, VERDICT_WHY,
 # VERDICT_NEXT, VERDICT_EVIDENCE}. Kinds and severities are compared by identity, never looked
@@ -310,3 +312,49 @@ VERDICT_KINDS: tuple[str, ...] = (
 # The most ranks a run can have: a rank file or header beyond it is not believed (a file named
 # rank_1000000000.jsonl must not make the reducer list a billion missing ranks).
 MAX_WORLD_SIZE = 1 << 20
+
+# --- Telemetry (issue 15): low-rate samples, the memory trend, host and device use ---------
+# Rank file: {"kind": "sample", t_ms, at_step, ...} about once a second (traceml/telemetry.py),
+# written between step records; at_step is how many step records were written before it.
+KIND_SAMPLE = "sample"
+AT_STEP = "at_step"
+CPU_PROCESS_PCT = "cpu_process_pct"  # the rank's main process, % of one core
+CPU_WORKERS_PCT = "cpu_workers_pct"  # its child processes (DataLoader workers), % of one core
+WORKER_PROCESSES = "worker_processes"
+CPU_SYSTEM_PCT = "cpu_system_pct"  # the whole host, % of all its cores
+CPU_COUNT = "cpu_count"
+HOST_MEM_AVAILABLE = "host_mem_available_bytes"
+HOST_MEM_TOTAL = "host_mem_total_bytes"
+DEVICE_MEM_ALLOCATED = "device_mem_allocated_bytes"  # now, not the peak
+DEVICE_MEM_RESERVED = "device_mem_reserved_bytes"
+ALLOC_RETRIES = "alloc_retries"  # cumulative: cudaMalloc retries after freeing the cache
+DEVICE_OOMS = "device_ooms"  # cumulative out-of-memory errors the allocator raised
+NVML_GPU_UTIL_PCT = "nvml_gpu_util_pct"  # only with nvidia-ml-py installed
+NVML_TEMPERATURE_C = "nvml_temperature_c"
+NVML_POWER_W = "nvml_power_w"
+TELEMETRY_CPU_US = "telemetry_cpu_us"  # the sampler's own CPU time so far (cumulative)
+
+# Summary: each rank entry's TELEMETRY (null for files without samples and on no steps).
+TELEMETRY = "telemetry"
+MEMORY_TREND = "memory_trend"  # trend.memory_trend(...) plus "basis" (which series)
+TREND_BASIS = "basis"  # "rss" (CPU) or "device_allocated" (CUDA)
+HOST_CPU = "host_cpu"  # mean/p90 of the CPU figures over the analysed steps' samples
+HOST_MEMORY = "host_memory"  # min available, total
+DEVICE_MEMORY = "device_memory"  # last allocated/reserved, overhang, retries, OOMs
+NVML = "nvml"  # mean utilization, max temperature/power
+DEVICE_BUSY = "device_busy"  # CUDA: share of host step time the device ran traced phases
+CHARTS = "charts"  # {"memory": [[step, MB]], "cpu": [[step, process, workers, system]]}
+# Inside "imbalance": the rank with the most memory over the median of the ranks.
+MEMORY_IMBALANCE = "memory"
+
+VERDICT_MEMORY_CREEP = "MEMORY_CREEP"
+VERDICT_LOW_DEVICE_UTILIZATION = "LOW_DEVICE_UTILIZATION"
+VERDICT_HOST_CPU_SATURATED = "HOST_CPU_SATURATED"
+VERDICT_HOST_MEMORY_PRESSURE = "HOST_MEMORY_PRESSURE"
+VERDICT_KINDS = (
+    *VERDICT_KINDS,
+    VERDICT_MEMORY_CREEP,
+    VERDICT_LOW_DEVICE_UTILIZATION,
+    VERDICT_HOST_CPU_SATURATED,
+    VERDICT_HOST_MEMORY_PRESSURE,
+)

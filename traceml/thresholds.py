@@ -52,6 +52,25 @@ THRESHOLDS: dict[str, float] = {
     # Peak reserved device memory over device capacity: MEMORY_PRESSURE.
     "memory_warn": 0.90,
     "memory_critical": 0.97,
+    # MEMORY_CREEP (issue 15): memory (RSS on CPU, allocated device memory on CUDA) keeps
+    # growing over the analysed steps: a sustained Theil-Sen slope (traceml/trend.py) whose
+    # growth over the run is at least memory_creep_min_mb. Warn when, at that rate, the
+    # headroom (host available memory; device capacity minus allocated) runs out within
+    # memory_creep_warn_steps steps after the last one (or the headroom is unknown);
+    # critical within memory_creep_critical_steps.
+    "memory_creep_min_mb": 32,
+    "memory_creep_warn_steps": 1_000_000,
+    "memory_creep_critical_steps": 20_000,
+    # LOW_DEVICE_UTILIZATION (CUDA): share of step time the device was not running the traced
+    # phases (waiting for input, transfers, Python between phases).
+    "device_idle_warn": 0.50,
+    "device_idle_critical": 0.75,
+    # HOST_CPU_SATURATED: the run is INPUT_BOUND and the host's CPUs were at least this busy
+    # on average (system-wide share of all cores): more DataLoader workers would not help.
+    "host_cpu_busy": 0.90,
+    # HOST_MEMORY_PRESSURE: the most host memory in use (1 - available/total) during the run.
+    "host_memory_warn": 0.90,
+    "host_memory_critical": 0.95,
 }
 
 # Entries that count steps rather than measure a ratio.

@@ -220,6 +220,8 @@ class StepTiming:
         self._rss = None
         self._rss_at = 0
         self._disabled_warned = False
+        self.telemetry: Any = None  # traceml.telemetry.TelemetrySampler while tracing
+        self.input_timing: Any = None  # dataloader.InputTiming: worker-side input timing
 
     @property
     def state_key(self) -> str:
@@ -260,6 +262,8 @@ class StepTiming:
         if _is_tuner_fit(trainer):
             return  # the tuner's own fit: stay idle for the training that follows
         self._setup(trainer, pl_module)
+        if self.life.state is State.READY:
+            self._prepare_input_timing(trainer)
 
     @entry_point("lightning.on_train_start", "Lightning's on_train_start hook")
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -323,11 +327,13 @@ class StepTiming:
             )
             if record is not None:
                 self._emit(record, now)
+            self._write_input_record(getattr(trainer, "current_epoch", None))
 
     @entry_point("lightning.on_train_end", "Lightning's on_train_end hook")
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.life.state in (State.TRACING, State.DONE):
             self._drain()
+            self._write_input_record(getattr(trainer, "current_epoch", None))
         self._remove_instruments()
         if self.life.state is State.TRACING:
             self.life.move(State.DONE)
@@ -468,6 +474,7 @@ class StepTiming:
         self._clock_origin_unix = time.time()
         self.gpu = self._device_timer(pl_module)
         self._rss = capture.rss_reader()
+        self._start_telemetry(pl_module)
         self._header_extra = _loop_facts(trainer)
         if self.comm is not None:
             self._start_comm_timing(trainer)
@@ -480,6 +487,69 @@ class StepTiming:
             announce_direct_launch(self.settings.run_dir)  # the launcher prints its own
         self.life.move(State.TRACING)
         self.instruments.install(trainer, pl_module, fetcher)
+        self._install_input_timing(trainer)
+
+    def _prepare_input_timing(self, trainer: Any) -> None:
+        """Lightning 2.x creates the first epoch's DataLoader iterator (and forks its workers)
+        in ``FitLoop.setup_data``, before ``on_train_start``: the worker timing is installed
+        from inside it, right after the loader is final (``_load_combined_loader_states``,
+        the last call before ``iter``; wrapped on this fit loop instance only)."""
+        fit_loop = trainer.fit_loop
+        original = getattr(fit_loop, "_load_combined_loader_states", None)
+        if original is None:
+            return  # another Lightning: installed at on_train_start (first epoch untimed)
+
+        def load_states_then_time_input() -> None:
+            original()
+            self._install_input_timing(trainer)
+
+        fit_loop._load_combined_loader_states = load_states_then_time_input
+
+        def restore() -> None:
+            if fit_loop.__dict__.get("_load_combined_loader_states") is load_states_then_time_input:
+                del fit_loop._load_combined_loader_states
+
+        self.instruments.add_undo(restore)
+
+    @entry_point("dataloader.install", "the training DataLoader, before its iterator exists")
+    def _install_input_timing(self, trainer: Any) -> None:
+        """Time the training DataLoader's workers (traceml.integrations.dataloader). Workers
+        are forked when the epoch's iterator is created, after this: they inherit it."""
+        from traceml.integrations.dataloader import install_input_timing
+
+        if self.input_timing is not None or self.life.state not in (State.READY, State.TRACING):
+            return
+        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        loaders = getattr(combined, "flattened", None) or [trainer.train_dataloader]
+        timing, reason = install_input_timing(loaders[0] if len(loaders) == 1 else None, self)
+        if timing is None:
+            self.recorder.event("info", schema.EVENT_NOTE, f"input pipeline not timed: {reason}")
+            return
+        self.input_timing = timing
+        self.instruments.add_undo(timing.uninstall)
+
+    def _write_input_record(self, epoch: Any) -> None:
+        """Once per epoch: what the workers made since the last record (low rate)."""
+        if self.input_timing is None or self.recorder is None or not self.recorder.is_open:
+            return
+        record = self.input_timing.epoch_record(epoch)
+        if record is not None:
+            self.recorder.sink.write(record)
+
+    def _start_telemetry(self, pl_module: Any) -> None:
+        """Host CPU/memory and allocator samples about once a second (traceml.telemetry):
+        its own thread, its own guarded calls; a failure there stops telemetry only."""
+        from traceml.telemetry import sampler_for
+
+        sampler = sampler_for(getattr(pl_module, "device", None), self.clock.origin_ns)
+        if sampler is not None:
+            sampler.start()
+            self.telemetry = sampler
+
+    def _stop_telemetry(self) -> None:
+        sampler, self.telemetry = self.telemetry, None
+        if sampler is not None:
+            self.recorder.samples(list(sampler.stop()))
 
     def _device_timer(self, pl_module: Any) -> Any:
         """CUDA events for device-side phase times, on a CUDA device (else None)."""
@@ -519,6 +589,9 @@ class StepTiming:
     # -- records ---------------------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any], now: int) -> None:
+        # About once a second the sampler has something queued; an attribute test otherwise.
+        if self.telemetry is not None and self.telemetry.pending:
+            self.recorder.samples(self.telemetry.collect())
         # Reading RSS costs ~7 us in a busy loop (a procfs read): every step of a normal
         # training, but at most every RSS_EVERY_NS on millisecond-scale steps (null between).
         if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
@@ -604,6 +677,7 @@ class StepTiming:
                 schema.EVENT_NOTE,
                 f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0",
             )
+        self._stop_telemetry()
         self.recorder.finish()
         if self.life.state is State.TRACING:
             self.life.move(State.DONE)

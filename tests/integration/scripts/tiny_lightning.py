@@ -6,6 +6,8 @@ under torchrun, and check what traceml recorded against what this script did.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import importlib
 import os
 import sys
@@ -23,6 +25,17 @@ def env_ms(name: str) -> float:
     return float(os.environ.get(name, "0")) / 1000.0
 
 
+# TINY_FAULT_INJECT_BY_RANK=a,b: rank 0 breaks traceml entry point a, rank 1 entry point b
+# (TRACEML_FAULT_INJECT per rank; set before Lightning's import loads traceml.guard).
+if os.environ.get("TINY_FAULT_INJECT_BY_RANK"):
+    points = os.environ["TINY_FAULT_INJECT_BY_RANK"].split(",")
+    os.environ["TRACEML_FAULT_INJECT"] = points[int(os.environ.get("RANK", "0"))]
+    if "traceml.guard" in sys.modules:
+        sys.modules["traceml.guard"].reload_injection()
+# Make one Lightning package unimportable (as if only the other one were installed).
+BLOCKED = os.environ.get("TINY_BLOCK_PACKAGE")
+if BLOCKED:
+    sys.modules[BLOCKED] = None  # type: ignore[assignment]  # import raises ImportError
 PACKAGE = os.environ.get("TINY_PACKAGE", "lightning.pytorch")
 pl = importlib.import_module(PACKAGE)
 if os.environ.get("LOOP_TIMER"):  # benchmarks/overhead.py only
@@ -45,6 +58,15 @@ SLOW_RANK = env_int("TINY_SLOW_RANK", -1)
 SLOW_WHERE = os.environ.get("TINY_SLOW_WHERE", "fetch")
 # Every rank: a DDP communication hook that sleeps this long per bucket, then all-reduces.
 COMM_DELAY = env_ms("TINY_COMM_DELAY_MS")
+# A memory leak: every training step keeps a tensor of this many KiB (filled, so its pages are
+# resident) in a list that is never cleared.
+LEAK_KIB = env_int("TINY_LEAK_KIB", 0)
+# Several ranks: training_step also runs a synchronous all_reduce and an async_op=True one
+# (then wait()), on copies, so the weights are the same as without them.
+COLLECTIVES = env_int("TINY_COLLECTIVES", 0)
+# sgd (default: SGD, with TINY_OPTIMIZER_SLEEP_MS) or lbfgs (LBFGS, max_iter=3: the closure,
+# so training_step, forward and backward, runs several times per optimizer step).
+OPTIMIZER = os.environ.get("TINY_OPTIMIZER", "sgd")
 
 
 def slow_here(where: str) -> float:
@@ -76,8 +98,11 @@ class Net(torch.nn.Module):
         self.layers = torch.nn.Sequential(
             torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
         )
+        self.training_calls = 0  # forward calls with grad enabled (LBFGS runs several)
 
     def forward(self, x):
+        if torch.is_grad_enabled():
+            self.training_calls += 1
         extra = slow_here("forward") if torch.is_grad_enabled() else 0.0
         if FORWARD_SLEEP or extra:
             time.sleep(FORWARD_SLEEP + extra)
@@ -93,17 +118,26 @@ class Module(pl.LightningModule):
         super().__init__()
         self.model = Net()
         self.seen = 0
+        self.leaked: list[torch.Tensor] = []
+        self.lr = 0.01
         if os.environ.get("TINY_MANUAL"):
             self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):
         self.seen += 1
+        if LEAK_KIB:
+            self.leaked.append(torch.ones(LEAK_KIB * 256))  # float32: 256 per KiB
         if RAISE_AFTER >= 0 and self.seen > RAISE_AFTER:
             raise RuntimeError(f"tiny_lightning: failing on purpose at batch {self.seen}")
         if STEP_SLEEP:
             time.sleep(STEP_SLEEP)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.model(x), y)
+        if COLLECTIVES and torch.distributed.is_initialized():
+            total = loss.detach().clone()
+            torch.distributed.all_reduce(total)
+            work = torch.distributed.all_reduce(total.clone(), async_op=True)
+            work.wait()
         if not self.automatic_optimization:
             optimizer = self.optimizers()
             optimizer.zero_grad()
@@ -121,7 +155,25 @@ class Module(pl.LightningModule):
         self.log("val_loss", torch.nn.functional.mse_loss(self.model(x), y))
 
     def configure_optimizers(self):
-        return SleepySGD(self.parameters(), lr=0.01)
+        if OPTIMIZER == "lbfgs":
+            return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=3)
+        return SleepySGD(self.parameters(), lr=self.lr)
+
+
+class TunedModule(Module):
+    """What Lightning's Tuner needs: the DataLoader from the module, a batch_size attribute
+    (scale_batch_size) and lr (lr_find) that configure_optimizers reads."""
+
+    def __init__(self, batches: int) -> None:
+        super().__init__()
+        self.batches = batches
+        self.batch_size = 2
+
+    def train_dataloader(self):
+        return DataLoader(Batches(self.batches, FETCH_SLEEP), batch_size=None)
+
+    def val_dataloader(self):
+        return DataLoader(Batches(4, 0.0), batch_size=None)
 
 
 class SleepySGD(torch.optim.SGD):
@@ -153,8 +205,56 @@ def install_slow_comm_hook() -> None:
     DistributedDataParallel.__init__ = init_with_hook
 
 
+def fail_rank_file_writes(spec: str) -> None:
+    """TINY_FAIL_WRITE=ENOSPC:4 (or EIO:4): after 4 successful writes to a traceml rank file,
+    every further os.write to it fails with that error, like a full disk or a dying one."""
+    name, _, after = spec.partition(":")
+    code = getattr(errno, name)
+    allowed = int(after or 0)
+    original_write = os.write
+    writes = 0
+
+    def write(fd, data):
+        nonlocal writes
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if "/ranks/rank_" in target:
+            if writes >= allowed:
+                raise OSError(code, os.strerror(code))
+            writes += 1
+        return original_write(fd, data)
+
+    os.write = write
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def tune(trainer, module) -> None:
+    from importlib import import_module
+
+    tuner = import_module(PACKAGE + ".tuner").Tuner(trainer)
+    for method in os.environ["TINY_TUNER"].split(","):
+        if method == "lr_find":
+            tuner.lr_find(module, num_training=4, update_attr=True)
+        elif method == "scale_batch_size":
+            tuner.scale_batch_size(module, steps_per_trial=2, max_trials=2)
+        else:
+            raise ValueError(f"TINY_TUNER: unknown tuner method {method!r}")
+
+
 def main() -> int:
     torch.set_num_threads(1)
+    torch.manual_seed(env_int("TINY_SEED", 0))
+    if os.environ.get("TINY_FAIL_WRITE"):
+        fail_rank_file_writes(os.environ["TINY_FAIL_WRITE"])
     if os.environ.get("TINY_INIT"):
         import traceml.integrations.rfdetr as traceml_init
 
@@ -168,7 +268,14 @@ def main() -> int:
     if COMM_DELAY:
         install_slow_comm_hook()
     validate = env_int("TINY_VALIDATE", 1)
-    trainer = pl.Trainer(
+    trainer_class = pl.Trainer
+    if os.environ.get("TINY_TRAINER_SUBCLASS"):
+
+        class ScriptTrainer(pl.Trainer):  # a Trainer subclass of the user's (in __main__)
+            pass
+
+        trainer_class = ScriptTrainer
+    trainer = trainer_class(
         max_epochs=env_int("TINY_EPOCHS", 1),
         accelerator="cpu",
         accumulate_grad_batches=env_int("TINY_ACCUM", 1),
@@ -183,8 +290,22 @@ def main() -> int:
     workers = env_int("TINY_NUM_WORKERS", 0)
     train = DataLoader(Batches(BATCHES, FETCH_SLEEP), batch_size=None, num_workers=workers)
     val = DataLoader(Batches(4, 0.0), batch_size=None)
-    module = Module()
-    trainer.fit(module, train, val if validate else None)
+    tuner = os.environ.get("TINY_TUNER")
+    module = TunedModule(BATCHES) if tuner else Module()
+    try:
+        if tuner:
+            tune(trainer, module)
+            trainer.fit(module)
+        else:
+            trainer.fit(module, train, val if validate else None)
+    finally:
+        # TINY_WEIGHTS_HASH=1: the weights, also when training raised (printed before the
+        # traceback), for bit-for-bit comparisons with other runs.
+        if os.environ.get("TINY_WEIGHTS_HASH"):
+            print(
+                f"TINY_WEIGHTS global_step={trainer.global_step} sha256={weights_sha256(module)}",
+                flush=True,
+            )
     if os.environ.get("TINY_VALIDATE_AFTER"):
         trainer.validate(module, val, verbose=False)
     # Tear the process group down before exit: left to interpreter shutdown, gloo's threads
@@ -194,7 +315,12 @@ def main() -> int:
     callbacks = [
         type(cb).__name__ for cb in trainer.callbacks if "StepCallback" in type(cb).__name__
     ]
-    print(f"TINY_RESULT global_step={trainer.global_step} traceml_callbacks={len(callbacks)}")
+    extra = ""
+    if OPTIMIZER != "sgd":
+        extra = f" forward_calls={module.model.training_calls}"
+    print(
+        f"TINY_RESULT global_step={trainer.global_step} traceml_callbacks={len(callbacks)}{extra}"
+    )
     return env_int("TINY_EXIT_CODE", 0)
 
 
