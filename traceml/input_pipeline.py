@@ -168,3 +168,43 @@ def advice(
             "(multi-scale resizing, augmentation); its on-device augmentation counts as H2D."
         )
     return " ".join(sentences), evidence
+
+
+# Figures compared between two runs (summary key, label, unit).
+_COMPARED = (
+    ("num_workers", "workers", ""),
+    ("getitem_ms_per_batch", "__getitem__ per batch", " ms"),
+    ("collate_ms_per_batch", "collate_fn per batch", " ms"),
+    ("busy_ms_per_batch", "busy per batch", " ms"),
+    ("worker_busy_share", "workers busy", ""),
+    ("worker_startup_mean_ms", "worker start-up per epoch", " ms"),
+)
+
+
+def compare_breakdowns(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """The two runs' input breakdowns side by side (compare shows them, does not judge them)."""
+    first = a.get(schema.SUMMARY_INPUT_PIPELINE) or {}
+    second = b.get(schema.SUMMARY_INPUT_PIPELINE) or {}
+    if not first and not second:
+        return None
+    return {key: {"a": first.get(key), "b": second.get(key)} for key, _l, _u in _COMPARED}
+
+
+def comparison_lines(entry: dict[str, Any] | None) -> list[str]:
+    if not entry:
+        return []
+
+    def shown(value: Any, unit: str) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float) and not unit:
+            return f"{value * 100:.0f}%"
+        return f"{value:.1f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+    lines = ["  Input pipeline (A -> B)"]
+    for key, label, unit in _COMPARED:
+        pair = entry.get(key) or {}
+        lines.append(
+            f"    {label:<28}{shown(pair.get('a'), unit):>12} -> {shown(pair.get('b'), unit)}"
+        )
+    return lines
