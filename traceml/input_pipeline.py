@@ -89,6 +89,10 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def _workers(count: int) -> str:
+    return f"{count} worker" + ("" if count == 1 else "s")
+
+
 def predicted_input_wait_ms(breakdown: dict[str, Any], loop_ms: float, workers: int) -> float:
     """Input Wait per batch with ``workers`` workers (the model in the module docstring)."""
     per_batch = breakdown["busy_ms_per_batch"]
@@ -130,13 +134,14 @@ def advice(
     sentences = []
     if workers and busy is not None and busy < IDLE_SHARE:
         sentences.append(
-            f"The {workers} workers are idle {(1 - busy) * 100:.0f}% of the time: the wait is "
-            "in the main process (collate on the main side, pin memory, the transfer queue), "
-            "not in making batches."
+            f"The {_workers(workers)} {'are' if workers != 1 else 'is'} idle "
+            f"{(1 - busy) * 100:.0f}% of the time: the wait is in the main process (pin "
+            "memory, the transfer queue, what runs between fetches), not in making batches."
         )
     else:
         making = (
-            f"{workers} workers are busy {busy * 100:.0f}% of the time, each taking"
+            f"{_workers(workers)} {'are' if workers != 1 else 'is'} busy {busy * 100:.0f}% of "
+            "the time, each taking"
             if workers and busy is not None
             else "The main process makes every batch itself (num_workers=0), taking"
         )
@@ -149,8 +154,9 @@ def advice(
         )
         if cores and needed > cores:
             sentences.append(
-                f"That is more workers than cores: make {part} cheaper (it takes most of "
-                "each batch) or move the work to the GPU."
+                f"That is more workers than cores (fine only if {part} waits on storage "
+                f"rather than computing): make {part} cheaper (it takes most of each batch) or "
+                "move the work to the GPU."
             )
         elif part == "collate_fn":
             sentences.append("Most of each batch is collate_fn: make it cheaper.")

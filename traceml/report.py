@@ -94,7 +94,11 @@ def _input_lines(summary: dict[str, Any]) -> list[str]:
     if not isinstance(breakdown, dict):
         return []
     workers = breakdown.get("num_workers") or 0
-    where = f"{workers} workers" if workers else "the main process (num_workers=0)"
+    where = (
+        f"{workers} worker{'s' if workers != 1 else ''}"
+        if workers
+        else "the main process (num_workers=0)"
+    )
     lines = [
         f"Input pipeline ({where}; {breakdown.get('batches')} batches, per batch)",
         f"  __getitem__ {breakdown['getitem_ms_per_batch']:.1f} ms (summed over its samples), "
