@@ -598,6 +598,8 @@ class StepTiming:
             self._rss_at = now
             record[schema.RSS] = self._rss()
         cost = self.own_cost_ns + (self.comm.own_cost_ns if self.comm is not None else 0)
+        if self.input_timing is not None:  # num_workers=0: its doors run in this process
+            cost += self.input_timing.own_cost_ns
         record[schema.TRACEML_COST_US] = (cost - self._cost_reported_ns) / 1000.0
         self._cost_reported_ns = cost
         if self.gpu is not None:
