@@ -665,7 +665,7 @@ def resource_verdicts(
     ]
     checks += [
         lambda: _low_device_utilization(telemetry, view, limits),
-        lambda: _host_cpu_saturated(telemetry, view, limits),
+        lambda: _host_cpu_saturated(telemetry, view, limits, _num_workers(summary)),
         lambda: _host_memory_pressure(telemetry, limits),
     ]
     found = []
@@ -767,9 +767,20 @@ def _low_device_utilization(
     )
 
 
+def _num_workers(summary: dict[str, Any]) -> int | None:
+    workers = (summary.get(schema.SUMMARY_SETUP) or {}).get("num_workers")
+    return workers if isinstance(workers, int) and not isinstance(workers, bool) else None
+
+
 def _host_cpu_saturated(
-    telemetry: list[tuple[int, dict[str, Any]]], view: _PhaseView, limits: dict[str, float]
+    telemetry: list[tuple[int, dict[str, Any]]],
+    view: _PhaseView,
+    limits: dict[str, float],
+    num_workers: int | None = None,
 ) -> dict[str, Any] | None:
+    """The input pipeline waits and the host has no CPU to give it. Only when the DataLoader
+    workers themselves burn CPU: workers that mostly wait (I/O, a remote store, a sleep) do get
+    faster with more of them however busy the cores are, and the input-pipeline advice stands."""
     input_share = view.shares.get(schema.INPUT_WAIT)
     input_level = _level(input_share, limits["input_warn"], limits["input_critical"])
     if input_level is None:
@@ -786,6 +797,12 @@ def _host_cpu_saturated(
     if system_pct / 100.0 < limits["host_cpu_busy"]:
         return None
     workers = cpu.get("workers_pct_mean")
+    if not num_workers:
+        return None  # loading in the main process: more workers is the first thing to try
+    cores = cpu.get(schema.CPU_COUNT) or num_workers
+    # Half a core per worker (as many as there are cores) counts as CPU-bound loading.
+    if workers is None or workers < 50.0 * min(num_workers, cores):
+        return None
     return _verdict(
         HOST_CPU_SATURATED,
         input_level,

@@ -100,8 +100,10 @@ def test_steady_device_memory_no_creep(tmp_path: Path) -> None:
     assert schema.VERDICT_LOW_DEVICE_UTILIZATION not in verdicts
 
 
-def cpu_rank(system_pct: float, available: int, steps: int = 40) -> list[dict]:
-    records = [header()]
+def cpu_rank(
+    system_pct: float, available: int, steps: int = 40, workers_pct: float = 350.0
+) -> list[dict]:
+    records = [header(num_workers=4)]
     for index in range(steps):
         records.append(step(index, index * 101.0, input=70.0, forward=20.0, backward=10.0))
         records.append(
@@ -109,7 +111,7 @@ def cpu_rank(system_pct: float, available: int, steps: int = 40) -> list[dict]:
                 index + 1,
                 **{
                     schema.CPU_PROCESS_PCT: 30.0,
-                    schema.CPU_WORKERS_PCT: 350.0,
+                    schema.CPU_WORKERS_PCT: workers_pct,
                     schema.CPU_SYSTEM_PCT: system_pct,
                     schema.CPU_COUNT: 4,
                     schema.HOST_MEM_AVAILABLE: available,
@@ -129,6 +131,11 @@ def test_host_cpu_saturated_only_when_cores_are_busy(tmp_path: Path) -> None:
     idle = kinds(write(tmp_path / "idle", [cpu_rank(40.0, 32 * GIB)]))
     assert schema.VERDICT_INPUT_BOUND in idle and schema.VERDICT_HOST_CPU_SATURATED not in idle
     assert schema.VERDICT_HOST_MEMORY_PRESSURE not in idle
+    # Busy cores, but the 4 workers mostly wait (I/O, a slow store): more of them still help,
+    # so the CPUs are not called the limit.
+    waiting = kinds(write(tmp_path / "waiting", [cpu_rank(97.0, 32 * GIB, workers_pct=40.0)]))
+    assert schema.VERDICT_INPUT_BOUND in waiting
+    assert schema.VERDICT_HOST_CPU_SATURATED not in waiting
 
 
 def test_host_memory_pressure(tmp_path: Path) -> None:
