@@ -486,70 +486,16 @@ def compare(
     if not side_a or not side_b:
         raise ValueError("each side needs at least one summary")
     first_a, first_b = side_a[0], side_b[0]
-    step = compare_field(side_a, side_b, schema.STEP, options)
-    step_means = (step["a_mean_ms"], step["b_mean_ms"]) if step["status"] != NOT_MEASURED else None
-    fields = {f: compare_field(side_a, side_b, f, options, step_means) for f in schema.PHASES}
-    fields[schema.STEP] = step
-    comm = compare_field(side_a, side_b, schema.COMM, options, step_means)
-    if comm["measured_in_a"] and comm["measured_in_b"]:
-        fields[schema.COMM] = comm  # newer summaries only; skipped silently otherwise
+    fields = _compare_fields(side_a, side_b, options)
+    step = fields[schema.STEP]
     unfair, changed = setup_differences(first_a, first_b)
     one_run_a_side = len(side_a) == 1 and len(side_b) == 1
-
-    reasons: list[str] = []
-    for name, side in (("A", side_a), ("B", side_b)):
-        for summary in side:
-            estimate = run_estimate(summary, schema.STEP)
-            count = estimate.steps if estimate else 0
-            if count < MIN_STEPS:
-                reasons.append(
-                    f"{name} ({summary.get(schema.RUN)}) has only {count} analysed job steps "
-                    f"(at least {MIN_STEPS} needed)"
-                )
     blocking = _blocking_differences(side_a, side_b)
-    if not options.allow_setup_change:
-        reasons.extend(blocking)
-    missing = [
-        fields[f]["label"]
-        for f in schema.PHASES
-        if fields[f]["status"] == NOT_MEASURED
-        and fields[f]["measured_in_a"] != fields[f]["measured_in_b"]
-    ]
-    if missing:
-        reasons.append("phases measured in only one run: " + ", ".join(missing))
-    if step["status"] == NOT_MEASURED and not reasons:
-        reasons.append("no step times to compare")
-
+    reasons = _inconclusive_reasons(side_a, side_b, fields, blocking, options)
     memory_name, memory_a = _side_memory(side_a)
     _name_b, memory_b = _side_memory(side_b)
     memory_change = (memory_b - memory_a) / memory_a if memory_a and memory_b is not None else None
-
-    if reasons:
-        verdict = INCONCLUSIVE
-    elif step["status"] == FASTER:
-        verdict = MIXED if (memory_change or 0) >= MEMORY_CHANGE else IMPROVEMENT
-    elif step["status"] == SLOWER:
-        verdict = MIXED if (memory_change or 0) <= -MEMORY_CHANGE else REGRESSION
-    else:
-        verdict, why = _no_change_verdict(step, options, one_run_a_side)
-        reasons.extend(why)
-
-    approximate = [
-        f"{s.get('_path') or s.get(schema.RUN)}"
-        for s in (*side_a, *side_b)
-        if not isinstance(s.get(schema.SUMMARY_JOB_SERIES), dict)
-    ]
-    notes = []
-    if approximate:
-        notes.append(
-            "older summary without a job step series (" + _listing(approximate) + "): its "
-            "intervals are approximate (steps taken as independent, pooled over ranks)"
-        )
-    if blocking and options.allow_setup_change:
-        notes.append("setup change accepted (--allow-setup-change): " + "; ".join(blocking))
-    notes.extend(_own_cost_notes(side_a, side_b))
-    # Memory trend and utilization (issue 15): figures side by side, not judged.
-    resource_changes = resources.resource_deltas(side_a, side_b)
+    verdict = _verdict(step, reasons, memory_change, options, one_run_a_side)
     moved = [
         entry["label"]
         for f, entry in fields.items()
@@ -583,12 +529,102 @@ def compare(
             "equivalence_margin_pct": options.equivalence_margin_pct,
             "within_run_drift_pct": step.get("drift_pct"),
         },
-        "notes": notes,
-        "resources": resource_changes,
+        "notes": _notes(side_a, side_b, blocking, options),
+        # Memory trend and utilization (issue 15): figures side by side, not judged.
+        "resources": resources.resource_deltas(side_a, side_b),
         "input_pipeline": input_pipeline.compare_breakdowns(first_a, first_b),
         "rules": _rules(options, one_run_a_side, len(side_a), len(side_b)),
         "method": "; ".join(_rules(options, one_run_a_side, len(side_a), len(side_b))),
     }
+
+
+def _compare_fields(
+    side_a: list[dict[str, Any]], side_b: list[dict[str, Any]], options: CompareOptions
+) -> dict[str, dict[str, Any]]:
+    """Step, each phase, and (newer summaries on both sides) the comm wait, A vs B."""
+    step = compare_field(side_a, side_b, schema.STEP, options)
+    step_means = (step["a_mean_ms"], step["b_mean_ms"]) if step["status"] != NOT_MEASURED else None
+    fields = {f: compare_field(side_a, side_b, f, options, step_means) for f in schema.PHASES}
+    fields[schema.STEP] = step
+    comm = compare_field(side_a, side_b, schema.COMM, options, step_means)
+    if comm["measured_in_a"] and comm["measured_in_b"]:
+        fields[schema.COMM] = comm  # newer summaries only; skipped silently otherwise
+    return fields
+
+
+def _inconclusive_reasons(
+    side_a: list[dict[str, Any]],
+    side_b: list[dict[str, Any]],
+    fields: dict[str, dict[str, Any]],
+    blocking: list[str],
+    options: CompareOptions,
+) -> list[str]:
+    """Why no verdict can be given (too few steps, an unfair setup, phases measured once)."""
+    reasons: list[str] = []
+    for name, side in (("A", side_a), ("B", side_b)):
+        for summary in side:
+            estimate = run_estimate(summary, schema.STEP)
+            count = estimate.steps if estimate else 0
+            if count < MIN_STEPS:
+                reasons.append(
+                    f"{name} ({summary.get(schema.RUN)}) has only {count} analysed job steps "
+                    f"(at least {MIN_STEPS} needed)"
+                )
+    if not options.allow_setup_change:
+        reasons.extend(blocking)
+    missing = [
+        fields[f]["label"]
+        for f in schema.PHASES
+        if fields[f]["status"] == NOT_MEASURED
+        and fields[f]["measured_in_a"] != fields[f]["measured_in_b"]
+    ]
+    if missing:
+        reasons.append("phases measured in only one run: " + ", ".join(missing))
+    if fields[schema.STEP]["status"] == NOT_MEASURED and not reasons:
+        reasons.append("no step times to compare")
+    return reasons
+
+
+def _verdict(
+    step: dict[str, Any],
+    reasons: list[str],
+    memory_change: float | None,
+    options: CompareOptions,
+    one_run_a_side: bool,
+) -> str:
+    """The overall verdict; a no-change verdict may add its reasons to ``reasons``."""
+    if reasons:
+        return INCONCLUSIVE
+    if step["status"] == FASTER:
+        return MIXED if (memory_change or 0) >= MEMORY_CHANGE else IMPROVEMENT
+    if step["status"] == SLOWER:
+        return MIXED if (memory_change or 0) <= -MEMORY_CHANGE else REGRESSION
+    verdict, why = _no_change_verdict(step, options, one_run_a_side)
+    reasons.extend(why)
+    return verdict
+
+
+def _notes(
+    side_a: list[dict[str, Any]],
+    side_b: list[dict[str, Any]],
+    blocking: list[str],
+    options: CompareOptions,
+) -> list[str]:
+    approximate = [
+        f"{s.get('_path') or s.get(schema.RUN)}"
+        for s in (*side_a, *side_b)
+        if not isinstance(s.get(schema.SUMMARY_JOB_SERIES), dict)
+    ]
+    notes = []
+    if approximate:
+        notes.append(
+            "older summary without a job step series (" + _listing(approximate) + "): its "
+            "intervals are approximate (steps taken as independent, pooled over ranks)"
+        )
+    if blocking and options.allow_setup_change:
+        notes.append("setup change accepted (--allow-setup-change): " + "; ".join(blocking))
+    notes.extend(_own_cost_notes(side_a, side_b))
+    return notes
 
 
 def _no_change_verdict(
@@ -726,6 +762,21 @@ def _side_steps(runs: list[dict[str, Any]]) -> str:
 
 
 def render_comparison(result: dict[str, Any]) -> str:
+    lines = [
+        *_header_lines(result),
+        "",
+        *_verdict_lines(result),
+        "",
+        *_setup_lines(result),
+        "",
+        *_table_lines(result),
+        "",
+        *_footer_lines(result),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(result: dict[str, Any]) -> list[str]:
     runs_a, runs_b = result["a_runs"], result["b_runs"]
     lines = [
         f"traceml compare: A = {_side_title(runs_a)}  vs  B = {_side_title(runs_b)}",
@@ -744,21 +795,23 @@ def render_comparison(result: dict[str, Any]) -> str:
             f"Run-to-run noise: {len(runs_a)} + {len(runs_b)} runs, spread of run means "
             + ("-" if cv is None else f"{cv:.1f}%")
         )
-    lines.append("")
+    return lines
+
+
+def _verdict_lines(result: dict[str, Any]) -> list[str]:
     step = result["step"]
     verdict = result["verdict"]
+    ci = step.get("ci_change_pct")
+    lines = []
     if verdict == INCONCLUSIVE:
-        ci = step.get("ci_change_pct")
         detail = ""
         if step.get("change_pct") is not None:
             detail = f": step time {_fmt_pct(step['change_pct'])}" + (
                 f", {CI_LABEL} {_fmt_interval(ci)}" if ci else ""
             )
         lines.append(f"Verdict: INCONCLUSIVE{detail}")
-        for reason in result["inconclusive_reasons"]:
-            lines.append(f"  - {reason}")
+        lines.extend(f"  - {reason}" for reason in result["inconclusive_reasons"])
     else:
-        ci = step.get("ci_change_pct")
         ci_text = f", {CI_LABEL} {_fmt_interval(ci)}" if ci else ""
         lines.append(
             f"Verdict: {verdict}: step time {_fmt_pct(step.get('change_pct'))} "
@@ -769,11 +822,13 @@ def render_comparison(result: dict[str, Any]) -> str:
             memory = result["memory"]
             lines.append(f"  but {memory['measure']} changed {_fmt_pct(memory['change_pct'])}")
     lines.append(f"Diagnosis: {result['diagnosis']['message']}")
-    if result["phases_that_moved"]:
-        lines.append("Phases that moved: " + ", ".join(result["phases_that_moved"]))
-    else:
-        lines.append("Phases that moved: none significantly")
-    lines.append("")
+    moved = result["phases_that_moved"]
+    lines.append("Phases that moved: " + (", ".join(moved) if moved else "none significantly"))
+    return lines
+
+
+def _setup_lines(result: dict[str, Any]) -> list[str]:
+    lines = []
     if result["setup_differences"]:
         lines.append("Setup differences (may make this comparison unfair):")
         lines.extend(f"  - {item}" for item in result["setup_differences"])
@@ -781,12 +836,15 @@ def render_comparison(result: dict[str, Any]) -> str:
         lines.append("Setup differences: none")
     if result["changes"]:
         lines.append("Changed between the runs: " + "; ".join(result["changes"]))
-    lines.append("")
-    lines.append("  Mean per job step (ms)")
-    lines.append(
+    return lines
+
+
+def _table_lines(result: dict[str, Any]) -> list[str]:
+    lines = [
+        "  Mean per job step (ms)",
         f"  {'Phase':<12}{'A':>9}{'B':>9}{'delta':>9}{'change':>9}"
-        f"{CI_LABEL + ' of change':>20}  result"
-    )
+        f"{CI_LABEL + ' of change':>20}  result",
+    ]
     for entry in result["fields"].values():
         ci = entry.get("ci_change_pct")
         ci_text = _fmt_interval(ci) if ci else "-"
@@ -798,16 +856,20 @@ def render_comparison(result: dict[str, Any]) -> str:
             f"{_fmt_ms(entry.get('b_mean_ms')):>9}{_fmt_ms(entry.get('delta_ms')):>9}"
             f"{_fmt_pct(entry.get('change_pct')):>9}{ci_text:>20}  {status}"
         )
-    lines.append("")
+    return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _footer_lines(result: dict[str, Any]) -> list[str]:
+    lines = []
     imbalance = result["imbalance"]
     if imbalance["a"] is not None or imbalance["b"] is not None:
-
-        def ratio(value: float | None) -> str:
-            return "-" if value is None else f"{value:.2f}x"
-
         lines.append(
-            f"Rank imbalance (slowest rank / the others' median): {ratio(imbalance['a'])} -> "
-            f"{ratio(imbalance['b'])}"
+            "Rank imbalance (slowest rank / the others' median): "
+            f"{_ratio(imbalance['a'])} -> {_ratio(imbalance['b'])}"
         )
     memory = result["memory"]
     if memory["a_bytes"] is not None and memory["b_bytes"] is not None:
@@ -817,15 +879,14 @@ def render_comparison(result: dict[str, Any]) -> str:
         )
     lines.extend(resources.delta_lines(result.get("resources") or {}))
     lines.extend(input_pipeline.comparison_lines(result.get("input_pipeline")))
-    for note in result["notes"]:
-        lines.append(f"Note: {note}")
+    lines.extend(f"Note: {note}" for note in result["notes"])
     # One line in the JSON; wrapped here so the text stays 100 columns wide.
     lines.extend(
         textwrap.wrap(
             f"Method: {result['method']}.", 100, subsequent_indent="  ", break_on_hyphens=False
         )
     )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------

@@ -363,29 +363,11 @@ def build_view(
     With ``final_summary`` (the whole run, verdicts included) the view shows that instead.
     """
     limits = resolve_thresholds(thresholds)
-    warmup, min_steps = int(limits["warmup_steps"]), int(limits["min_steps"])
-    headers = [t.header.get(schema.WORLD_SIZE) for t in tails.values() if t.header]
-    sizes = [s for s in (world_size, *headers) if isinstance(s, int)]
-    size = max(sizes) if sizes else (max(tails) + 1 if tails else None)
-    expected = range(size or 0)
-    missing = [rank for rank in expected if rank not in tails]
-    spans = [
-        (t.last_end_ms - t.first_t_ms) / 1000.0
-        for t in tails.values()
-        if t.first_t_ms is not None and t.last_end_ms is not None
-    ]
-    training_s = max(spans) if spans else None
-    rank_steps = {rank: tails[rank].steps for rank in sorted(tails)}
-    common: dict[str, Any] = {
-        "run": _run_name(tails, run),
-        "world_size": size,
-        "rank_steps": rank_steps,
-        "missing_ranks": missing,
-        "closed_ranks": [rank for rank, t in sorted(tails.items()) if t.closed],
-        "dead_ranks": [rank for rank, t in sorted(tails.items()) if t.dead],
-        "training_s": training_s,
-    }
-    if not any(rank_steps.values()):
+    warmup = int(limits["warmup_steps"])
+    common = _common_view_fields(tails, run, world_size)
+    training_s = common["training_s"]
+    expected = range(common["world_size"] or 0)
+    if not any(common["rank_steps"].values()):
         return LiveView(
             **common,
             state=FINAL if final_summary is not None else WAITING,
@@ -406,14 +388,7 @@ def build_view(
         state, collecting = FINAL, None
     else:
         summary = window_summary(tails, limits)
-        needed = warmup + min_steps
-        short = [rank for rank in expected if rank not in tails or tails[rank].steps < needed]
-        waits = []
-        if short:
-            fewest = min((tails[r].steps if r in tails else 0) for r in short)
-            waits.append(f"{fewest}/{needed} steps on rank {short[0]}")
-        if (training_s or 0.0) < collect_s:
-            waits.append(f"{training_s or 0.0:.0f}/{collect_s:.0f} s")
+        waits = _still_collecting(tails, expected, training_s, collect_s, limits)
         verdicts = [] if waits else diagnose(summary)
         state = COLLECTING if waits else PROVISIONAL
         collecting = ", ".join(waits) if waits else None
@@ -444,6 +419,49 @@ def build_view(
         verdict_why=headline["why"] if headline else None,
         collecting=collecting,
     )
+
+
+def _common_view_fields(
+    tails: Mapping[int, RankTail], run: str, world_size: int | None
+) -> dict[str, Any]:
+    """What the view shows whatever the state: ranks, steps so far, training time."""
+    headers = [t.header.get(schema.WORLD_SIZE) for t in tails.values() if t.header]
+    sizes = [s for s in (world_size, *headers) if isinstance(s, int)]
+    size = max(sizes) if sizes else (max(tails) + 1 if tails else None)
+    spans = [
+        (t.last_end_ms - t.first_t_ms) / 1000.0
+        for t in tails.values()
+        if t.first_t_ms is not None and t.last_end_ms is not None
+    ]
+    return {
+        "run": _run_name(tails, run),
+        "world_size": size,
+        "rank_steps": {rank: tails[rank].steps for rank in sorted(tails)},
+        "missing_ranks": [rank for rank in range(size or 0) if rank not in tails],
+        "closed_ranks": [rank for rank, t in sorted(tails.items()) if t.closed],
+        "dead_ranks": [rank for rank, t in sorted(tails.items()) if t.dead],
+        "training_s": max(spans) if spans else None,
+    }
+
+
+def _still_collecting(
+    tails: Mapping[int, RankTail],
+    expected: range,
+    training_s: float | None,
+    collect_s: float,
+    limits: dict[str, float],
+) -> list[str]:
+    """What a provisional verdict still waits for (warm-up + min_steps on every rank, and
+    ``collect_s`` of training); empty when it can be given."""
+    needed = int(limits["warmup_steps"]) + int(limits["min_steps"])
+    short = [rank for rank in expected if rank not in tails or tails[rank].steps < needed]
+    waits = []
+    if short:
+        fewest = min((tails[r].steps if r in tails else 0) for r in short)
+        waits.append(f"{fewest}/{needed} steps on rank {short[0]}")
+    if (training_s or 0.0) < collect_s:
+        waits.append(f"{training_s or 0.0:.0f}/{collect_s:.0f} s")
+    return waits
 
 
 def _run_name(tails: Mapping[int, RankTail], fallback: str) -> str:
