@@ -161,9 +161,9 @@ class Outcome:
 
     def weights(self) -> list[tuple[int, str]]:
         """(global_step, sha256 of the final state_dict) per process, in printing order."""
-        found = re.findall(
-            r"^TINY_WEIGHTS global_step=(\d+) sha256=([0-9a-f]{64})$", self.stdout, re.M
-        )
+        # Not anchored to line starts: two ranks share one pipe, and another process's
+        # unterminated output may precede the line.
+        found = re.findall(r"TINY_WEIGHTS global_step=(\d+) sha256=([0-9a-f]{64})", self.stdout)
         return [(int(step), digest) for step, digest in found]
 
     def warnings(self) -> list[str]:

@@ -302,10 +302,11 @@ def main() -> int:
         # TINY_WEIGHTS_HASH=1: the weights, also when training raised (printed before the
         # traceback), for bit-for-bit comparisons with other runs.
         if os.environ.get("TINY_WEIGHTS_HASH"):
-            print(
-                f"TINY_WEIGHTS global_step={trainer.global_step} sha256={weights_sha256(module)}",
-                flush=True,
-            )
+            # One write of one whole line: under torchrun both ranks share the pipe, and a
+            # print's text and newline can interleave with the other rank's.
+            line = f"TINY_WEIGHTS global_step={trainer.global_step} sha256={weights_sha256(module)}"
+            sys.stdout.flush()
+            os.write(sys.stdout.fileno(), (line + "\n").encode())
     if os.environ.get("TINY_VALIDATE_AFTER"):
         trainer.validate(module, val, verbose=False)
     # Tear the process group down before exit: left to interpreter shutdown, gloo's threads
