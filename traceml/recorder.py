@@ -115,7 +115,7 @@ class RankRecorder:
         if self.error:
             footer[schema.ERROR] = self.error
         if self.error_type:
-            footer[getattr(schema, "ERROR_TYPE", "error_type")] = self.error_type
+            footer[schema.ERROR_TYPE] = self.error_type
         self.sink.write(footer)
         self.sink.close()
 

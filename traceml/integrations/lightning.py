@@ -308,11 +308,7 @@ class StepTiming:
         # The hottest hook (it writes the record): kept flat on purpose.
         if self.life.state is State.TRACING and self.clock.in_microbatch:
             now = clock_ns()
-            record = self.clock.batch_ended(
-                now,
-                global_step=getattr(trainer, "global_step", None),
-                epoch=getattr(trainer, "current_epoch", None),
-            )
+            record = self.clock.batch_ended(now, **_step_context(trainer))
             if record is not None:
                 self._emit(record, now)
 
@@ -320,11 +316,7 @@ class StepTiming:
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.life.state is State.TRACING:
             now = clock_ns()
-            record = self.clock.epoch_ended(
-                now,
-                global_step=getattr(trainer, "global_step", None),
-                epoch=getattr(trainer, "current_epoch", None),
-            )
+            record = self.clock.epoch_ended(now, **_step_context(trainer))
             if record is not None:
                 self._emit(record, now)
             self._write_input_record(getattr(trainer, "current_epoch", None))
@@ -775,6 +767,14 @@ def adopt_rank_zero_run_name(settings: Settings, rank: int) -> Settings:
             all_ranks=True,
         )
     return settings
+
+
+def _step_context(trainer: Any) -> dict[str, Any]:
+    """Lightning's own step and epoch counters, stamped on each step record."""
+    return {
+        "global_step": getattr(trainer, "global_step", None),
+        "epoch": getattr(trainer, "current_epoch", None),
+    }
 
 
 def _loop_facts(trainer: Any) -> dict[str, Any]:
