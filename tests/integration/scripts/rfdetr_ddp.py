@@ -60,20 +60,9 @@ def inject() -> None:
 
         LWDETR.forward = slow_forward
     if COMM_DELAY_S:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        from torch.nn.parallel import DistributedDataParallel
+        from slow_network import install_slow_comm_hook
 
-        def slow_network(state, bucket):
-            time.sleep(COMM_DELAY_S)
-            return allreduce_hook(state, bucket)
-
-        original_init = DistributedDataParallel.__init__
-
-        def init_with_hook(self, *args, **kwargs):
-            original_init(self, *args, **kwargs)
-            self.register_comm_hook(None, slow_network)
-
-        DistributedDataParallel.__init__ = init_with_hook
+        install_slow_comm_hook(COMM_DELAY_S)
 
 
 def main() -> int:

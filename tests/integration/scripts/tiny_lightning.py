@@ -186,25 +186,6 @@ class SleepySGD(torch.optim.SGD):
         return loss
 
 
-def install_slow_comm_hook() -> None:
-    """Register a sleeping all-reduce hook on every DDP model built from now on (the user's
-    own hook, as far as traceml is concerned)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel
-
-    def slow_network(state, bucket):
-        time.sleep(COMM_DELAY)
-        return allreduce_hook(state, bucket)
-
-    original_init = DistributedDataParallel.__init__
-
-    def init_with_hook(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        self.register_comm_hook(None, slow_network)
-
-    DistributedDataParallel.__init__ = init_with_hook
-
-
 def fail_rank_file_writes(spec: str) -> None:
     """TINY_FAIL_WRITE=ENOSPC:4 (or EIO:4): after 4 successful writes to a traceml rank file,
     every further os.write to it fails with that error, like a full disk or a dying one."""
@@ -266,7 +247,9 @@ def main() -> int:
         local = env_int("LOCAL_WORLD_SIZE", world)
         layout = {"devices": local, "num_nodes": world // local, "strategy": "ddp"}
     if COMM_DELAY:
-        install_slow_comm_hook()
+        from slow_network import install_slow_comm_hook
+
+        install_slow_comm_hook(COMM_DELAY)
     validate = env_int("TINY_VALIDATE", 1)
     trainer_class = pl.Trainer
     if os.environ.get("TINY_TRAINER_SUBCLASS"):
