@@ -7,6 +7,7 @@ made side by side in one invocation (A B A B ...) so that machine noise hits bot
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -86,3 +87,40 @@ def paired_ratio(plain: list[float], traced: list[float]) -> tuple[float, float,
 
 
 BIN_TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def synthetic_step(rng: random.Random, index: int, t_ms: float, cuda: bool) -> dict:
+    """One step record as a traced RF-DETR-like run writes it (phases drawn from ``rng``);
+    with ``cuda`` the device fields carry plausible numbers, else null as on CPU."""
+    phases = {
+        "input_wait_ms": rng.uniform(1, 5),
+        "h2d_ms": rng.uniform(0.5, 1),
+        "forward_ms": rng.uniform(40, 50),
+        "backward_ms": rng.uniform(80, 100),
+        "optimizer_ms": rng.uniform(5, 8),
+        "residual_ms": rng.uniform(2, 4),
+    }
+    step_ms = sum(phases.values())
+    device = {
+        "gpu_h2d_ms": 0.8,
+        "gpu_forward_ms": 45.0,
+        "gpu_backward_ms": 90.0,
+        "gpu_optimizer_ms": 6.0,
+        "gpu_step_ms": step_ms,
+        "mem_peak_allocated_bytes": 30 * 2**30,
+        "mem_peak_reserved_bytes": 32 * 2**30,
+    }
+    return {
+        "kind": "step",
+        "step": index,
+        "global_step": index + 1,
+        "epoch": 0,
+        "microbatches": 1,
+        "optimizer_stepped": True,
+        "t_ms": t_ms,
+        "gap_ms": 0.3 if index else None,
+        "step_ms": step_ms,
+        **phases,
+        "rss_bytes": 2_000_000_000,
+        **(device if cuda else dict.fromkeys(device)),
+    }

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import orjson
-from _common import ROOT, TINY, alternate, clean_env, describe, run
+from _common import ROOT, TINY, alternate, clean_env, describe, run, synthetic_step
 
 sys.path.insert(0, str(ROOT))
 from traceml import live
@@ -49,39 +49,13 @@ def header(rank: int, ranks: int) -> bytes:
 
 
 def step_lines(rng: random.Random, start: int, count: int) -> bytes:
-    out = []
-    for index in range(start, start + count):
-        phases = {
-            "input_wait_ms": rng.uniform(1, 5),
-            "h2d_ms": rng.uniform(0.5, 1),
-            "forward_ms": rng.uniform(40, 50),
-            "backward_ms": rng.uniform(80, 100),
-            "optimizer_ms": rng.uniform(5, 8),
-            "residual_ms": rng.uniform(2, 4),
-        }
-        step_ms = sum(phases.values())
-        record = {
-            "kind": "step",
-            "step": index,
-            "global_step": index + 1,
-            "epoch": 0,
-            "microbatches": 1,
-            "optimizer_stepped": True,
-            "t_ms": index * 150.0,
-            "gap_ms": 0.3 if index else None,
-            "step_ms": step_ms,
-            **phases,
-            "rss_bytes": 2_000_000_000,
-            "gpu_h2d_ms": None,
-            "gpu_forward_ms": None,
-            "gpu_backward_ms": None,
-            "gpu_optimizer_ms": None,
-            "gpu_step_ms": None,
-            "mem_peak_allocated_bytes": None,
-            "mem_peak_reserved_bytes": None,
-        }
-        out.append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
-    return b"".join(out)
+    return b"".join(
+        orjson.dumps(
+            synthetic_step(rng, index, index * 150.0, cuda=False),
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        for index in range(start, start + count)
+    )
 
 
 def watcher_cpu(ranks: int, rounds: int, per_round: int) -> dict[str, float]:

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
-from _common import PYTHON, ROOT, clean_env, values
+from _common import PYTHON, ROOT, clean_env, synthetic_step, values
 
 CHILD = """
 import sys, time
@@ -64,35 +64,8 @@ def synthesize(run_dir: Path, ranks: int, steps: int, seed: int = 0) -> None:
         lines = [orjson.dumps(header)]
         t = 0.0
         for index in range(steps):
-            phases = {
-                "input_wait_ms": rng.uniform(1, 5),
-                "h2d_ms": rng.uniform(0.5, 1),
-                "forward_ms": rng.uniform(40, 50),
-                "backward_ms": rng.uniform(80, 100),
-                "optimizer_ms": rng.uniform(5, 8),
-                "residual_ms": rng.uniform(2, 4),
-            }
-            step_ms = sum(phases.values())
-            record = {
-                "kind": "step",
-                "step": index,
-                "global_step": index + 1,
-                "epoch": 0,
-                "microbatches": 1,
-                "optimizer_stepped": True,
-                "t_ms": t,
-                "gap_ms": 0.3 if index else None,
-                "step_ms": step_ms,
-                **phases,
-                "rss_bytes": 2_000_000_000,
-                "gpu_h2d_ms": 0.8,
-                "gpu_forward_ms": 45.0,
-                "gpu_backward_ms": 90.0,
-                "gpu_optimizer_ms": 6.0,
-                "gpu_step_ms": step_ms,
-                "mem_peak_allocated_bytes": 30 * 2**30,
-                "mem_peak_reserved_bytes": 32 * 2**30,
-            }
+            record = synthetic_step(rng, index, t, cuda=True)
+            step_ms = record["step_ms"]
             t += step_ms + 0.3
             lines.append(orjson.dumps(record))
         lines.append(orjson.dumps({"kind": "footer", "status": "completed", "steps": steps}))
