@@ -128,7 +128,7 @@ def diagnose(
     if compute is not None:
         verdicts.append(compute)
     straggler = _straggler(summary, limits)
-    found = [straggler, _comm_bound(summary, limits, straggler), _memory(summary, limits)]
+    found = [straggler, _comm_bound(summary, limits), _memory(summary, limits)]
     verdicts.extend(verdict for verdict in found if verdict is not None)
     if not any(_is_finding(verdict) for verdict in verdicts):
         verdicts.append(_no_clear_bottleneck(view))
@@ -531,10 +531,9 @@ def _others_wait(fields: dict[str, Any], slowest: int, method: str) -> tuple[flo
     return stats.quantile_sorted(sorted(others), 0.5), medians[str(slowest)]
 
 
-def _comm_bound(
-    summary: dict[str, Any], limits: dict[str, float], straggler: dict[str, Any] | None
-) -> dict[str, Any] | None:
-    """Waiting on communication that every rank pays (so not a straggler's doing)."""
+def _comm_bound(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any] | None:
+    """Waiting on communication that every rank pays: the rank that waits least still waits
+    this much, so it is not a straggler's doing (a straggler itself hardly waits)."""
     ranks = [e for e in summary.get(schema.SUMMARY_RANKS) or [] if e.get(schema.SHARES)]
     device = any((e[schema.SHARES] or {}).get(schema.GPU_COMM_SHARE) is not None for e in ranks)
     key = schema.GPU_COMM_SHARE if device else schema.COMM_SHARE
