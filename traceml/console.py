@@ -42,8 +42,20 @@ def warn(message: str, *, key: str | None = None, all_ranks: bool = False) -> bo
         if marker in _seen:
             return False
         _seen.add(marker)
+    return say(PREFIX + message.replace("\n", " "))
+
+
+def say(line: str) -> bool:
+    """Write ``line`` and its newline to stderr in one write call.
+
+    ``print`` writes the text and the newline separately, and with ``PYTHONUNBUFFERED`` (set by
+    many CI runners and job schedulers) each becomes its own system call: two ranks sharing one
+    stderr pipe then run their lines together. One call of a line this short is one atomic
+    pipe write.
+    """
     try:
-        print(PREFIX + message.replace("\n", " "), file=sys.stderr, flush=True)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     except Exception:
         return False
     return True

@@ -52,8 +52,15 @@ LAUNCHERS: dict[str, dict] = {
     "raising": {**TINY_ENV, "TINY_RAISE_AFTER": RAISE_AFTER},
     # traceml.integrations.rfdetr.init() in the script instead of TRACEML=1.
     "init": {**TINY_ENV, "TINY_INIT": "fault"},
-    # 2 gloo ranks; the user's own collectives (sync and async) and DDP comm hook.
-    "torchrun": {**TINY_ENV, "TINY_COLLECTIVES": 1, "TINY_COMM_DELAY_MS": 1},
+    # 2 gloo ranks; the user's own collectives (sync and async) and DDP comm hook. Unbuffered
+    # stderr, as many CI runners set it: the two ranks' warnings share one pipe and must not
+    # run together (CI caught exactly that).
+    "torchrun": {
+        **TINY_ENV,
+        "TINY_COLLECTIVES": 1,
+        "TINY_COMM_DELAY_MS": 1,
+        "PYTHONUNBUFFERED": 1,
+    },
     "rfdetr": {"RFD_SKIP_EVAL": 1, "HF_HUB_OFFLINE": 1},
 }
 # The untraced run whose exit code and weights a launcher kind's runs must match (RF-DETR:
