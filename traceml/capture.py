@@ -31,6 +31,29 @@ DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
 }
 COMM_FIELDS_UNMEASURED: dict[str, None] = {fieldname: None for fieldname in schema.COMM_FIELDS}
 
+# A step record's fields in their order, before the clock fills in the step's values.
+_RECORD_TEMPLATE: dict[str, Any] = {
+    schema.KIND: schema.KIND_STEP,
+    schema.STEP_INDEX: None,
+    schema.GLOBAL_STEP: None,
+    schema.EPOCH: None,
+    schema.MICROBATCHES: None,
+    schema.OPTIMIZER_STEPPED: None,
+    schema.T_START_MS: None,
+    schema.GAP_MS: None,
+    schema.STEP: None,
+    schema.INPUT_WAIT: None,
+    schema.H2D: None,
+    schema.FORWARD: None,
+    schema.BACKWARD: None,
+    schema.OPTIMIZER: None,
+    schema.RESIDUAL: None,
+    schema.RSS: None,
+    schema.TRACEML_COST_US: None,
+    **DEVICE_FIELDS_UNMEASURED,
+    **COMM_FIELDS_UNMEASURED,
+}
+
 
 def ns_to_ms(value: int | None) -> float | None:
     return None if value is None else value / NS_PER_MS
@@ -194,7 +217,9 @@ class StepClock:
         group.comm_count += count
         group.comm_bytes += nbytes
 
-    def batch_ended(self, now_ns: int, **context: Any) -> dict[str, Any] | None:
+    def batch_ended(
+        self, now_ns: int, global_step: int | None = None, epoch: int | None = None
+    ) -> dict[str, Any] | None:
         """``on_train_batch_end``: returns the step record when this microbatch stepped the
         optimizer (the end of an accumulation window), else None."""
         micro, group = self._micro, self._group
@@ -206,9 +231,11 @@ class StepClock:
             return None
         window = now_ns - micro.optimizer_start_ns - micro.nested_ns
         group.optimizer_ns = (group.optimizer_ns or 0) + max(0, window)
-        return self._close(now_ns, optimizer_stepped=True, **context)
+        return self._close(now_ns, True, global_step, epoch)
 
-    def epoch_ended(self, now_ns: int, **context: Any) -> dict[str, Any] | None:
+    def epoch_ended(
+        self, now_ns: int, global_step: int | None = None, epoch: int | None = None
+    ) -> dict[str, Any] | None:
         """Flush microbatches that never reached an optimizer step (nothing is dropped)."""
         self._micro = None
         self._pending_iter = None
@@ -216,7 +243,7 @@ class StepClock:
         if group is None or group.microbatches == 0:
             self._group = None
             return None
-        return self._close(now_ns, optimizer_stepped=False, **context)
+        return self._close(now_ns, False, global_step, epoch)
 
     def abandon(self) -> None:
         """Training stopped mid-step (exception, interrupt): the open step is not a step."""
@@ -226,13 +253,25 @@ class StepClock:
 
     # -- record ----------------------------------------------------------------------------
 
-    def _close(self, end_ns: int, *, optimizer_stepped: bool, **context: Any) -> dict[str, Any]:
+    def _close(
+        self, end_ns: int, optimizer_stepped: bool, global_step: int | None, epoch: int | None
+    ) -> dict[str, Any]:
+        # Runs once per optimizer step on the training thread: a copy of a prepared record and
+        # plain assignments (no helper calls), to keep traceml's per-step cost low.
         group = self._group
         assert group is not None
         self._group = None
         step_ns = end_ns - group.start_ns
-        named = (group.input_ns, group.h2d_ns, group.forward_ns, group.backward_ns)
-        named_total = sum(v for v in (*named, group.optimizer_ns) if v is not None)
+        h2d, forward, backward, optimizer = (
+            group.h2d_ns,
+            group.forward_ns,
+            group.backward_ns,
+            group.optimizer_ns,
+        )
+        named_total = group.input_ns
+        for value in (h2d, forward, backward, optimizer):
+            if value is not None:
+                named_total += value
         residual_ns = step_ns - named_total
         if residual_ns < 0:
             # Phases are disjoint by construction; a negative residual means two hooks
@@ -240,32 +279,26 @@ class StepClock:
             self.overlaps += 1
             residual_ns = 0
             step_ns = named_total
-        gap_ns = None if self._last_end_ns is None else group.start_ns - self._last_end_ns
+        last_end = self._last_end_ns
         self._last_end_ns = end_ns
-        record: dict[str, Any] = {
-            schema.KIND: schema.KIND_STEP,
-            schema.STEP_INDEX: self.steps_emitted,
-            schema.GLOBAL_STEP: context.get("global_step"),
-            schema.EPOCH: context.get("epoch"),
-            schema.MICROBATCHES: group.microbatches,
-            schema.OPTIMIZER_STEPPED: optimizer_stepped,
-            schema.T_START_MS: ns_to_ms(group.start_ns - self.origin_ns),
-            schema.GAP_MS: ns_to_ms(gap_ns),
-            schema.STEP: ns_to_ms(step_ns),
-            schema.INPUT_WAIT: ns_to_ms(group.input_ns),
-            schema.H2D: ns_to_ms(group.h2d_ns),
-            schema.FORWARD: ns_to_ms(group.forward_ns),
-            schema.BACKWARD: ns_to_ms(group.backward_ns),
-            schema.OPTIMIZER: ns_to_ms(group.optimizer_ns),
-            schema.RESIDUAL: ns_to_ms(residual_ns),
-            schema.RSS: None,
-            schema.TRACEML_COST_US: None,
-        }
-        record.update(DEVICE_FIELDS_UNMEASURED)
+        record = _RECORD_TEMPLATE.copy()
+        record[schema.STEP_INDEX] = self.steps_emitted
+        record[schema.GLOBAL_STEP] = global_step
+        record[schema.EPOCH] = epoch
+        record[schema.MICROBATCHES] = group.microbatches
+        record[schema.OPTIMIZER_STEPPED] = optimizer_stepped
+        record[schema.T_START_MS] = (group.start_ns - self.origin_ns) / NS_PER_MS
+        if last_end is not None:
+            record[schema.GAP_MS] = (group.start_ns - last_end) / NS_PER_MS
+        record[schema.STEP] = step_ns / NS_PER_MS
+        record[schema.INPUT_WAIT] = group.input_ns / NS_PER_MS
+        record[schema.H2D] = None if h2d is None else h2d / NS_PER_MS
+        record[schema.FORWARD] = None if forward is None else forward / NS_PER_MS
+        record[schema.BACKWARD] = None if backward is None else backward / NS_PER_MS
+        record[schema.OPTIMIZER] = None if optimizer is None else optimizer / NS_PER_MS
+        record[schema.RESIDUAL] = residual_ns / NS_PER_MS
         if self.comm_enabled:
             self._comm_fields(record, group, residual_ns)
-        else:
-            record.update(COMM_FIELDS_UNMEASURED)
         self.steps_emitted += 1
         return record
 

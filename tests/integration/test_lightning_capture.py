@@ -156,10 +156,10 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     (hooks / "sitecustomize.py").write_text(
         "import traceml.capture as c\n"
         "original = c.StepClock.batch_ended\n"
-        "def broken(self, now, **kw):\n"
+        "def broken(self, *args):\n"
         "    if self.steps_emitted >= 2:\n"
         "        raise ValueError('injected failure')\n"
-        "    return original(self, now, **kw)\n"
+        "    return original(self, *args)\n"
         "c.StepClock.batch_ended = broken\n"
     )
     env = clean_env(

@@ -95,6 +95,16 @@ class _ProcessCounters:
         self.seq = 0
 
 
+def _forget_parent_counters() -> None:
+    """In a forked child (a DataLoader worker): the counters copied from the parent are the
+    parent's; the child counts in a slot of its own."""
+    if _active is not None:
+        _active.counters = None
+
+
+os.register_at_fork(after_in_child=_forget_parent_counters)
+
+
 def _worker_slot() -> int | None:
     """This process's slot: worker id + 1 in a DataLoader worker, 0 in the main process."""
     from torch.utils.data import get_worker_info
@@ -142,18 +152,35 @@ def timed_dataset_class(base: type) -> type:
             timing.sample_made(start, 1)
         return item
 
-    namespace: dict[str, Any] = {"__getitem__": __getitem__, "__module__": __name__}
+    # torch's fetcher calls __getitems__(indices) for a batch when the dataset has one, and
+    # that is what a batched loader calls here either way: one clock pair and one entry point
+    # per batch, not per sample (a batch of 64 on num_workers=0 would otherwise pay 64 times
+    # on the training critical path). Without the user's own __getitems__, the batch is the
+    # user's __getitem__ per index, exactly what torch's fetcher would have done.
     if callable(getattr(base, "__getitems__", None)):
-        # torch's fetcher calls __getitems__(indices) instead of __getitem__ when it exists.
-        def __getitems__(self, indices):
-            start = clock_ns()
-            items = super(timed, self).__getitems__(indices)
-            timing = _active
-            if timing is not None and timing.on:
-                timing.sample_made(start, len(indices))
-            return items
 
-        namespace["__getitems__"] = __getitems__
+        def fetch_many(self, indices):
+            return super(timed, self).__getitems__(indices)
+
+    else:
+
+        def fetch_many(self, indices):
+            getitem = super(timed, self).__getitem__
+            return [getitem(index) for index in indices]
+
+    def __getitems__(self, indices):
+        start = clock_ns()
+        items = fetch_many(self, indices)  # user errors pass through untouched
+        timing = _active
+        if timing is not None and timing.on:
+            timing.sample_made(start, len(indices))
+        return items
+
+    namespace: dict[str, Any] = {
+        "__getitem__": __getitem__,
+        "__getitems__": __getitems__,
+        "__module__": __name__,
+    }
     timed = type(f"TraceMLTimed{base.__name__}", (base,), namespace)
     _timed_datasets[base] = timed
     return timed
@@ -240,14 +267,15 @@ class InputTiming:
         # the worker must not write to the rank file (its descriptor is the parent's).
 
     def _here(self) -> _ProcessCounters | None:
+        # A forked worker starts with no counters (_forget_parent_counters): no getpid()
+        # system call per sample to find out which process this is.
         counters = self.counters
-        pid = os.getpid()
-        if counters is None or counters.pid != pid:
+        if counters is None:
             slot = _worker_slot()
             if slot is None:
                 self.on = False
                 return None
-            counters = self.counters = _ProcessCounters(pid, slot)
+            counters = self.counters = _ProcessCounters(os.getpid(), slot)
         return counters
 
     @entry_point("dataloader.getitem", "after the traced dataset's __getitem__ (per sample)")
