@@ -193,6 +193,30 @@ def batch_means(
     return mean, spread / count, count
 
 
+# Below this many batches, batch means alone understate the variance of a mean of correlated
+# steps (batches only a few autocorrelation times long, and too few of them): the AR(1)
+# estimate below is taken when it is larger.
+SHORT_SERIES_BATCHES = 10
+_MAX_LAG1 = 0.9
+
+
+def ar1_mean_variance(values: Sequence[float]) -> float:
+    """Variance of the mean of ``values`` if they were an AR(1) series: s^2/n (1+r)/(1-r), with
+    the lag-1 autocorrelation r corrected for its downward small-sample bias (about
+    -(1 + 3r)/n) and kept in [0, 0.9]; inf below 3 values."""
+    n = len(values)
+    if n < 3:
+        return math.inf
+    mean = math.fsum(values) / n
+    deviations = [v - mean for v in values]
+    total = math.fsum(d * d for d in deviations)
+    if total <= 0:
+        return 0.0
+    lag1 = math.fsum(a * b for a, b in zip(deviations, deviations[1:])) / total
+    r = min(_MAX_LAG1, max(0.0, lag1 + (1.0 + 3.0 * lag1) / n))
+    return total / (n - 1) / n * (1.0 + r) / (1.0 - r)
+
+
 def weighted_sd(values: Sequence[float], weights: Sequence[float] | None = None) -> float:
     """Standard deviation (n - 1 in the denominator, n = total weight)."""
     if weights is None:
