@@ -8,6 +8,7 @@ steps at a time.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -212,7 +213,7 @@ def ar1_mean_variance(values: Sequence[float]) -> float:
     total = math.fsum(d * d for d in deviations)
     if total <= 0:
         return 0.0
-    lag1 = math.fsum(a * b for a, b in zip(deviations, deviations[1:])) / total
+    lag1 = math.fsum(a * b for a, b in itertools.pairwise(deviations)) / total
     r = min(_MAX_LAG1, max(0.0, lag1 + (1.0 + 3.0 * lag1) / n))
     return total / (n - 1) / n * (1.0 + r) / (1.0 - r)
 
