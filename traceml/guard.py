@@ -72,32 +72,6 @@ def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0
     ENTRY_POINTS[name] = what
 
     def decorate(function: Callable) -> Callable:
-        if owner_arg == 0:
-            # A method, the common case (several calls per training step): the same steps
-            # as below without looking the owner up.
-            @functools.wraps(function)
-            def guarded_method(owner: Any, *args: Any, **kwargs: Any) -> Any:
-                global _depth
-                start = clock_ns()
-                _depth += 1
-                try:
-                    if _inject == name:
-                        raise InjectedFault(f"fault injected into {name}")
-                    return function(owner, *args, **kwargs)
-                except Exception as exc:
-                    failed(owner, name, exc)
-                    return default
-                finally:
-                    _depth -= 1
-                    if not _depth:
-                        try:
-                            owner.own_cost_ns += clock_ns() - start
-                        except Exception:
-                            pass
-
-            guarded_method.traceml_entry_point = name  # type: ignore[attr-defined]
-            return guarded_method
-
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             global _depth
