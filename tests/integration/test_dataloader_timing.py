@@ -4,6 +4,8 @@ non-persistent workers' start-up is measured at every epoch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from procs import PYTHON, SCRIPTS, clean_env, rank_records, run
@@ -56,6 +58,29 @@ def test_a_slow_collate_is_attributed_to_collate(tmp_path, workers):
     per_batch = sums["collate_ms"] / sums["batches"]
     assert SLEEP_MS <= per_batch <= 1.10 * SLEEP_MS, per_batch
     assert sums["getitem_ms"] / sums["samples"] < 0.10 * SLEEP_MS
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_workers_are_timed_too(tmp_path, method):
+    # Spawned workers unpickle the dataset: they time their own copy (the worker_init_fn
+    # wrapper) and report through a file-backed map, removed at the end.
+    shm = Path("/dev/shm")
+    before = set(shm.glob("traceml-input-*")) if shm.is_dir() else set()
+    records = inputs_of(
+        tmp_path,
+        IP_NUM_WORKERS=2,
+        IP_MP_CONTEXT=method,
+        IP_GETITEM_SLEEP_MS=SLEEP_MS,
+        IP_COLLATE_SLEEP_MS=SLEEP_MS,
+    )
+    assert [(r["num_workers"], r["start_method"]) for r in records] == [(2, method)]
+    assert sorted(p["worker"] for p in records[0]["producers"]) == [0, 1]
+    sums = totals(records)
+    assert sums["batches"] == 6 and sums["samples"] == 12
+    assert SLEEP_MS <= sums["getitem_ms"] / sums["samples"] <= 1.10 * SLEEP_MS
+    assert SLEEP_MS <= sums["collate_ms"] / sums["batches"] <= 1.10 * SLEEP_MS
+    after = set(shm.glob("traceml-input-*")) if shm.is_dir() else set()
+    assert after <= before
 
 
 def test_worker_start_up_is_measured_at_every_epoch(tmp_path):

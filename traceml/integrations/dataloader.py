@@ -23,12 +23,19 @@ multiprocessing queue 0.7 us per put plus the pickling in a feeder thread starte
 worker and a reader in the main process; a per-worker file 0.75 us (a system call) and files to
 clean up.
 
-Supported: map-style datasets, ``num_workers`` 0 or more, persistent workers, the ``fork``
-start method (Linux's default before Python 3.14). Not supported (left untimed, with a note in
-the rank file): ``spawn``/``forkserver`` workers (they unpickle a fresh copy of the dataset and
-cannot reach the map), iterable datasets (no per-sample call), datasets whose class cannot be
-swapped (``__slots__`` without ``__dict__``, C types), and more than MAX_WORKERS workers. A
-dataset object shared with a validation DataLoader is counted there too.
+Spawned workers (the ``spawn`` and ``forkserver`` start methods) inherit nothing: they unpickle
+the dataset, the ``collate_fn`` and the ``worker_init_fn``. There the dataset's class stays the
+user's in the main process (a swapped class could not be pickled), the ``collate_fn`` wrapper is
+a picklable class, and the ``worker_init_fn`` is wrapped so that each worker swaps its own
+dataset copy's class and opens the same map, backed by a small temporary file (in /dev/shm where
+it exists) whose path it carries; the file is removed when the timing is uninstalled.
+
+Supported: map-style datasets, ``num_workers`` 0 or more, persistent workers, the ``fork``,
+``spawn`` and ``forkserver`` start methods. Not supported (left untimed, with a note in the rank
+file): iterable datasets (no per-sample call), datasets whose class cannot be swapped
+(``__slots__`` without ``__dict__``, C types), and more than MAX_WORKERS workers. A dataset
+object shared with a validation DataLoader is counted there too (forked workers, or
+``num_workers=0``).
 
 Everything traceml does inside a worker is fail-open: a failure turns that worker's timing off
 and never reaches the batch. In the main process the two doors (``dataloader.getitem``,
@@ -37,6 +44,7 @@ and never reaches the batch. In the main process the two doors (``dataloader.get
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -52,6 +60,7 @@ MAX_WORKERS = 255
 # first_end_ns, last_end_ns. seq is odd while the writer is inside a write.
 _SLOT = struct.Struct("<10q")
 _SEQ = struct.Struct("<q")
+_MAP_SIZE = _SLOT.size * (MAX_WORKERS + 1)
 SLOT_FIELDS = (
     "pid",
     "samples",
@@ -186,6 +195,79 @@ def timed_dataset_class(base: type) -> type:
     return timed
 
 
+class TimedCollate:
+    """The traced DataLoader's ``collate_fn``: calls the user's exactly once and reports the
+    time to this process's timing. A class, not a closure, so that spawned workers can unpickle
+    it (the user's function must be picklable there anyway)."""
+
+    __slots__ = ("user_collate",)
+
+    def __init__(self, user_collate: Any) -> None:
+        self.user_collate = user_collate
+
+    def __call__(self, batch: Any) -> Any:
+        start = clock_ns()
+        result = self.user_collate(batch)  # user errors pass through untouched
+        timing = _active
+        if timing is not None and timing.on:
+            timing.batch_made(start)
+        return result
+
+
+class SpawnedWorkerStart:
+    """``worker_init_fn`` of a traced DataLoader whose workers are spawned (spawn, forkserver):
+    the worker times its own copy of the dataset, then runs the user's ``worker_init_fn``."""
+
+    def __init__(self, user_init: Any, map_path: str | None, main_pid: int) -> None:
+        self.user_init = user_init
+        self.map_path = map_path
+        self.main_pid = main_pid
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            _time_this_spawned_worker(self.map_path, self.main_pid)
+        except Exception:
+            pass  # this worker stays untimed; nothing reaches its batches
+        if self.user_init is not None:
+            self.user_init(worker_id)
+
+
+def _time_this_spawned_worker(map_path: str | None, main_pid: int) -> None:
+    global _active
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None or map_path is None:
+        return
+    timing = InputTiming.__new__(InputTiming)
+    timing.loader = timing.observer = timing.map_path = None
+    timing.main_pid = main_pid  # not this process: a failure here stays in this worker
+    timing.on, timing.own_cost_ns, timing.num_workers, timing.counters = True, 0, 0, None
+    with open(map_path, "r+b") as file:
+        timing.shared = mmap.mmap(file.fileno(), _MAP_SIZE)
+    dataset = info.dataset
+    dataset.__class__ = timed_dataset_class(type(dataset))
+    _active = timing
+
+
+def _file_backed_map() -> tuple[mmap.mmap, str]:
+    """A zeroed shared map backed by a small temporary file (in memory where /dev/shm
+    exists), and the file's path."""
+    import tempfile
+
+    directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, path = tempfile.mkstemp(prefix="traceml-input-", dir=directory)
+    try:
+        os.ftruncate(fd, _MAP_SIZE)
+        return mmap.mmap(fd, _MAP_SIZE), path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
 class InputTiming:
     """The timing installed on one training DataLoader, and how to take it away again."""
 
@@ -196,7 +278,16 @@ class InputTiming:
         self.on = True
         self.own_cost_ns = 0
         self.num_workers = int(getattr(loader, "num_workers", 0) or 0)
-        self.shared = mmap.mmap(-1, _SLOT.size * (MAX_WORKERS + 1))
+        # Forked workers inherit an anonymous map; spawned ones (spawn, forkserver) open a
+        # small file by name instead (its path travels in their worker_init_fn).
+        self.map_path: str | None = None
+        if (
+            self.num_workers
+            and _start_method(getattr(loader, "multiprocessing_context", None)) != "fork"
+        ):
+            self.shared, self.map_path = _file_backed_map()
+        else:
+            self.shared = mmap.mmap(-1, _MAP_SIZE)
         self.counters: _ProcessCounters | None = None
         # Main-process bookkeeping: last reading per worker pid, epoch start.
         self._seen: dict[int, tuple[int, ...]] = {}
@@ -218,7 +309,21 @@ class InputTiming:
             loader.__dict__.pop("_traceml_timing", None)
 
         self._undo.append(restore_loader)
-        dataset = loader.dataset
+        if self.map_path is None:
+            self._swap_dataset_class(loader.dataset)
+        else:
+            self._start_spawned_workers_timed(loader)
+        user_collate = loader.collate_fn
+        timed_collate = TimedCollate(user_collate)
+        loader.collate_fn = timed_collate
+
+        def restore_collate() -> None:
+            if loader.__dict__.get("collate_fn") is timed_collate:
+                loader.collate_fn = user_collate
+
+        self._undo.append(restore_collate)
+
+    def _swap_dataset_class(self, dataset: Any) -> None:
         original_class = type(dataset)
         dataset.__class__ = timed_dataset_class(original_class)
 
@@ -227,23 +332,22 @@ class InputTiming:
                 dataset.__class__ = original_class
 
         self._undo.append(restore_dataset)
-        user_collate = loader.collate_fn
-        timing = self
 
-        def timed_collate(batch: Any) -> Any:
-            start = clock_ns()
-            result = user_collate(batch)
-            if timing.on:
-                timing.batch_made(start)
-            return result
+    def _start_spawned_workers_timed(self, loader: Any) -> None:
+        """Spawned workers unpickle the dataset, so its class stays the user's here (a swapped
+        class could not be pickled); each worker swaps its own copy's when it starts."""
+        user_init = loader.worker_init_fn
+        start = SpawnedWorkerStart(user_init, self.map_path, self.main_pid)
+        loader.worker_init_fn = start
+        map_path = self.map_path
 
-        loader.collate_fn = timed_collate
+        def restore_init() -> None:
+            if loader.__dict__.get("worker_init_fn") is start:
+                loader.worker_init_fn = user_init
+            with contextlib.suppress(OSError):
+                os.unlink(map_path)
 
-        def restore_collate() -> None:
-            if loader.__dict__.get("collate_fn") is timed_collate:
-                loader.collate_fn = user_collate
-
-        self._undo.append(restore_collate)
+        self._undo.append(restore_init)
 
     def uninstall(self) -> None:
         """Undo every change (idempotent); the map stays readable for a last collect."""
@@ -444,8 +548,8 @@ def unsupported_reason(loader: Any) -> str | None:
         return f"more than {MAX_WORKERS} DataLoader workers"
     if int(getattr(loader, "num_workers", 0) or 0) > 0:
         method = _start_method(getattr(loader, "multiprocessing_context", None))
-        if method != "fork":
-            return f"DataLoader workers started with {method!r} (only 'fork' inherits the timing)"
+        if method not in ("fork", "spawn", "forkserver"):
+            return f"DataLoader workers started with {method!r}"
     if not hasattr(dataset, "__dict__"):
         return f"a dataset of type {type(dataset).__name__} (its class cannot be swapped)"
     return None

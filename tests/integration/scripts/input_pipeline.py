@@ -2,7 +2,8 @@
 
 Plain Lightning, no traceml import: run it with TRACEML=1. Each sample sleeps
 IP_GETITEM_SLEEP_MS in __getitem__, each batch IP_COLLATE_SLEEP_MS in collate_fn, each step
-IP_STEP_SLEEP_MS in training_step, each worker IP_WORKER_START_MS in worker_init_fn.
+IP_STEP_SLEEP_MS in training_step, each worker IP_WORKER_START_MS in worker_init_fn; workers
+started with IP_MP_CONTEXT (fork, spawn, forkserver; the platform's default when unset).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main() -> int:
         collate_fn=slow_collate,
         persistent_workers=bool(env_int("IP_PERSISTENT", 0)) and workers > 0,
         worker_init_fn=worker_start if workers else None,
+        multiprocessing_context=(os.environ.get("IP_MP_CONTEXT") or None) if workers else None,
     )
     trainer = pl.Trainer(
         max_epochs=env_int("IP_EPOCHS", 1),
@@ -99,6 +101,7 @@ def main() -> int:
     trainer.fit(Module(), loader)
     # Everything traceml installed is gone again.
     assert type(dataset) is Samples and loader.collate_fn is slow_collate
+    assert loader.worker_init_fn is (worker_start if workers else None)
     print(f"IP_RESULT global_step={trainer.global_step}")
     return 0
 
