@@ -239,12 +239,10 @@ def _time_this_spawned_worker(map_path: str | None, main_pid: int) -> None:
     info = get_worker_info()
     if info is None or map_path is None:
         return
-    timing = InputTiming.__new__(InputTiming)
-    timing.loader = timing.observer = timing.map_path = None
-    timing.main_pid = main_pid  # not this process: a failure here stays in this worker
-    timing.on, timing.own_cost_ns, timing.num_workers, timing.counters = True, 0, 0, None
     with open(map_path, "r+b") as file:
-        timing.shared = mmap.mmap(file.fileno(), _MAP_SIZE)
+        shared = mmap.mmap(file.fileno(), _MAP_SIZE)
+    # The main process's pid, not this one's: a failure here stays in this worker.
+    timing = InputTiming(None, None, shared=shared, main_pid=main_pid)
     dataset = info.dataset
     dataset.__class__ = timed_dataset_class(type(dataset))
     _active = timing
@@ -271,17 +269,28 @@ def _file_backed_map() -> tuple[mmap.mmap, str]:
 class InputTiming:
     """The timing installed on one training DataLoader, and how to take it away again."""
 
-    def __init__(self, loader: Any, observer: Any) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        observer: Any,
+        *,
+        shared: mmap.mmap | None = None,
+        main_pid: int | None = None,
+    ) -> None:
+        """``shared`` and ``main_pid`` are given inside a spawned worker (the map it opened,
+        the training process's pid); the main process makes its own map."""
         self.loader = loader
         self.observer = observer  # the callback: failures in the main process go to it
-        self.main_pid = os.getpid()
+        self.main_pid = os.getpid() if main_pid is None else main_pid
         self.on = True
         self.own_cost_ns = 0
         self.num_workers = int(getattr(loader, "num_workers", 0) or 0)
         # Forked workers inherit an anonymous map; spawned ones (spawn, forkserver) open a
         # small file by name instead (its path travels in their worker_init_fn).
         self.map_path: str | None = None
-        if (
+        if shared is not None:
+            self.shared = shared
+        elif (
             self.num_workers
             and _start_method(getattr(loader, "multiprocessing_context", None)) != "fork"
         ):
