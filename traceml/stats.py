@@ -201,6 +201,20 @@ SHORT_SERIES_BATCHES = 10
 _MAX_LAG1 = 0.9
 
 
+def lag1_autocorrelation(values: Sequence[float]) -> float | None:
+    """Lag-1 autocorrelation of ``values`` (unclamped); None below 3 values or when they are
+    all equal."""
+    n = len(values)
+    if n < 3:
+        return None
+    mean = math.fsum(values) / n
+    centred = [value - mean for value in values]
+    variance = math.fsum(value * value for value in centred)
+    if variance <= 0:
+        return None
+    return math.fsum(a * b for a, b in itertools.pairwise(centred)) / variance
+
+
 def ar1_mean_variance(values: Sequence[float]) -> float:
     """Variance of the mean of ``values`` if they were an AR(1) series: s^2/n (1+r)/(1-r), with
     the lag-1 autocorrelation r corrected for its downward small-sample bias (about
@@ -208,14 +222,11 @@ def ar1_mean_variance(values: Sequence[float]) -> float:
     n = len(values)
     if n < 3:
         return math.inf
-    mean = math.fsum(values) / n
-    deviations = [v - mean for v in values]
-    total = math.fsum(d * d for d in deviations)
-    if total <= 0:
-        return 0.0
-    lag1 = math.fsum(a * b for a, b in itertools.pairwise(deviations)) / total
+    lag1 = lag1_autocorrelation(values)
+    if lag1 is None:
+        return 0.0  # all equal
     r = min(_MAX_LAG1, max(0.0, lag1 + (1.0 + 3.0 * lag1) / n))
-    return total / (n - 1) / n * (1.0 + r) / (1.0 - r)
+    return weighted_sd(values) ** 2 / n * (1.0 + r) / (1.0 - r)
 
 
 def weighted_sd(values: Sequence[float], weights: Sequence[float] | None = None) -> float:

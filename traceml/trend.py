@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from traceml.stats import quantile_sorted
+from traceml.stats import lag1_autocorrelation, quantile_sorted
 
 TREND_BINS = 200
 # Sen's interval for the slope at ~99% (two-sided): the slope is "significant" only when its
@@ -90,16 +90,8 @@ def theil_sen(
 
 def _lag1_autocorrelation(residuals: Sequence[float]) -> float:
     """Lag-1 autocorrelation, clamped to [0, 0.9] (negative correlation is not credited)."""
-    n = len(residuals)
-    if n < 3:
-        return 0.0
-    mean = math.fsum(residuals) / n
-    centred = [value - mean for value in residuals]
-    variance = math.fsum(value * value for value in centred)
-    if variance <= 0:
-        return 0.0
-    r = math.fsum(centred[i] * centred[i + 1] for i in range(n - 1)) / variance
-    return min(0.9, max(0.0, r))
+    r = lag1_autocorrelation(residuals)
+    return 0.0 if r is None else min(0.9, max(0.0, r))
 
 
 def memory_trend(
