@@ -41,6 +41,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def traced_env(logs_dir: Path, run_name: str, **extra: object) -> dict[str, str]:
+    """``clean_env`` for a traced run written to ``logs_dir/run_name``, with no report at the
+    end (the tests read the rank files and summaries themselves)."""
+    return clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=logs_dir,
+        TRACEML_RUN_NAME=run_name,
+        TRACEML_REPORT="0",
+        **extra,
+    )
+
+
 def warning_lines(stderr: str) -> list[str]:
     """traceml's warning lines, without the informational announcement of a direct launch
     ('traceml: tracing into <dir>; to watch it live: ...')."""

@@ -8,7 +8,7 @@ import pytest
 
 from traceml import schema
 
-from procs import PYTHON, TINY, clean_env, rank_records, run, steps_of
+from procs import PYTHON, TINY, rank_records, run, steps_of, traced_env
 
 DELAY_MS = 40.0
 TOLERANCE_MS = max(0.10 * DELAY_MS, 5.0)
@@ -30,11 +30,9 @@ def median(values):
     ],
 )
 def test_an_injected_delay_lands_in_its_phase(tmp_path, knob, phase):
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="a",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "a",
         TINY_BATCHES=14,
         TINY_VALIDATE=0,
         **{knob: DELAY_MS},

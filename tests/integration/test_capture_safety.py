@@ -18,7 +18,7 @@ import pytest
 
 from traceml import schema
 
-from procs import PYTHON, TINY, clean_env, rank_records, run, steps_of, tiny_result
+from procs import PYTHON, TINY, rank_records, run, steps_of, tiny_result, traced_env
 
 ANNOUNCEMENT = re.compile(r"^traceml: tracing into ")
 
@@ -33,11 +33,9 @@ def traced(tmp_path, sitecustomize: str | None = None, **tiny):
         extra["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p
         )
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="t",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "t",
         TINY_VALIDATE=0,
         **extra,
         **tiny,

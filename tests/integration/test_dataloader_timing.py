@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import PYTHON, SCRIPTS, clean_env, rank_records, run
+from procs import PYTHON, SCRIPTS, rank_records, run, traced_env
 
 SCRIPT = SCRIPTS / "input_pipeline.py"
 # Long enough that the dataset's own work (random tensors, a fresh worker's first torch call)
@@ -17,11 +17,9 @@ SLEEP_MS = 100.0
 
 
 def inputs_of(tmp_path, **knobs):
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="a",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "a",
         **{"IP_BATCH_SIZE": 2, "IP_BATCHES": 6, **knobs},
     )
     result = run([PYTHON, SCRIPT], env, tmp_path, timeout=180)
@@ -115,11 +113,9 @@ RFDETR_SLEEP_MS = 200.0
 @pytest.mark.parametrize("workers", [0, 2])
 def test_rfdetr_slow_dataset_is_attributed_to_getitem(tmp_path, workers):
     pytest.importorskip("rfdetr")
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="a",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "a",
         RFD_WORKDIR=tmp_path / "work",
         RFI_NUM_WORKERS=workers,
         RFI_GETITEM_SLEEP_MS=RFDETR_SLEEP_MS,

@@ -16,7 +16,7 @@ import pytest
 
 from traceml import schema
 
-from procs import BIN, PYTHON, SCRIPTS, clean_env, rank_records, run, steps_of
+from procs import BIN, PYTHON, SCRIPTS, clean_env, rank_records, run, steps_of, traced_env
 
 RFD_DDP = SCRIPTS / "rfdetr_ddp.py"
 TINY = SCRIPTS / "tiny_lightning.py"
@@ -37,11 +37,9 @@ RFDETR_CASES = [
 
 
 def torchrun_traced(tmp_path, name: str, script, **extra) -> dict:
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME=name,
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        name,
         HF_HUB_OFFLINE="1",
         **extra,
     )
@@ -172,11 +170,9 @@ def test_lightning_balanced_and_comm_bound(tmp_path):
 
 
 def test_single_process_has_no_comm_timing(tmp_path):
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="single",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "single",
         TINY_VALIDATE=0,
     )
     result = run([PYTHON, TINY], env, tmp_path)

@@ -11,7 +11,17 @@ import pytest
 
 from traceml import schema
 
-from procs import PYTHON, TINY, clean_env, rank_records, run, steps_of, tiny_result, warning_lines
+from procs import (
+    PYTHON,
+    TINY,
+    clean_env,
+    rank_records,
+    run,
+    steps_of,
+    tiny_result,
+    traced_env,
+    warning_lines,
+)
 
 
 def traced(tmp_path, **tiny):
@@ -100,11 +110,9 @@ def test_trace_max_steps_records_the_first_steps_and_training_goes_on(tmp_path):
 
 
 def test_sigkill_keeps_every_completed_step(tmp_path):
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="k",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "k",
         TINY_BATCHES=500,
         TINY_STEP_SLEEP_MS=30,
         TINY_VALIDATE=0,
@@ -162,11 +170,9 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
         "    return original(self, *args)\n"
         "c.StepClock.batch_ended = broken\n"
     )
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="b",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "b",
         TINY_BATCHES=8,
         PYTHONPATH=hooks,
     )

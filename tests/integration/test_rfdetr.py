@@ -20,6 +20,7 @@ from procs import (
     rank_records,
     run,
     steps_of,
+    traced_env,
     traceml,
     warning_lines,
 )
@@ -28,11 +29,9 @@ RFD = SCRIPTS / "rfdetr_train.py"
 
 
 def traced_rfdetr(tmp_path, **extra):
-    env = clean_env(
-        TRACEML="1",
-        TRACEML_LOGS_DIR=tmp_path / "logs",
-        TRACEML_RUN_NAME="r",
-        TRACEML_REPORT="0",
+    env = traced_env(
+        tmp_path / "logs",
+        "r",
         RFD_WORKDIR=tmp_path / "work",
         **extra,
     )
