@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from traceml import schema, stats
+from traceml import resources, schema, stats
 from traceml.thresholds import resolve_thresholds
 
 # The kinds and severities are schema constants; these names are kept for readers' convenience.
@@ -649,9 +649,8 @@ _RESOURCE_NEXT = {
 
 def _telemetry_of(summary: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     return [
-        (entry.get(schema.RANK), entry[schema.TELEMETRY])
-        for entry in summary.get(schema.SUMMARY_RANKS) or []
-        if isinstance(entry.get(schema.TELEMETRY), dict)
+        (entry.get(schema.RANK), telemetry)
+        for entry, telemetry in resources.telemetry_entries(summary)
     ]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from traceml import schema
+from traceml import resources, schema
 
 _TREND_SHORT = {"rss": "RSS", "device_allocated": "dev"}
 _CPU_COLORS = {"process": "#1f77b4", "workers": "#ff7f0e", "system": "#7f7f7f"}
@@ -19,14 +19,6 @@ def _gib(value: float | None) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
-
-
-def _entries(summary: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    return [
-        (entry, entry[schema.TELEMETRY])
-        for entry in summary.get(schema.SUMMARY_RANKS) or []
-        if isinstance(entry.get(schema.TELEMETRY), dict)
-    ]
 
 
 def _trend_text(telemetry: dict[str, Any]) -> str:
@@ -52,7 +44,7 @@ def text_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _text_lines(summary: dict[str, Any]) -> list[str]:
-    rows = _entries(summary)
+    rows = resources.telemetry_entries(summary)
     if not rows:
         return []
     lines = [
@@ -162,7 +154,7 @@ def html_section(summary: dict[str, Any]) -> str:
 
 
 def _html_section(summary: dict[str, Any]) -> str:
-    rows = _entries(summary)
+    rows = resources.telemetry_entries(summary)
     if not rows:
         return ""
     parts = ["<h2>Memory over steps and utilization, per rank</h2>"]

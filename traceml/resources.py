@@ -38,6 +38,15 @@ def _last(records: list[dict[str, Any]], key: str) -> float | None:
     return values[-1] if values else None
 
 
+def telemetry_entries(summary: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(rank entry, its telemetry) for every rank of a summary that has telemetry."""
+    return [
+        (entry, entry[schema.TELEMETRY])
+        for entry in summary.get(schema.SUMMARY_RANKS) or []
+        if isinstance(entry.get(schema.TELEMETRY), dict)
+    ]
+
+
 def clean_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Samples with a usable step position (others' writers, damaged lines: left out)."""
     return [
