@@ -264,9 +264,9 @@ def _side_figure(side: list[dict[str, Any]], pick: Any) -> float | None:
     per_run = []
     for summary in side:
         values = []
-        for entry in summary.get(schema.SUMMARY_RANKS) or []:
+        for entry, telemetry in telemetry_entries(summary):
             try:
-                value = pick(entry, entry[schema.TELEMETRY])
+                value = pick(entry, telemetry)
             except (AttributeError, KeyError, TypeError, IndexError):
                 continue  # a damaged or older summary: that rank has no figure
             if type(value) in (int, float) and math.isfinite(value):
