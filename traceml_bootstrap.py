@@ -31,7 +31,7 @@ def start() -> None:
         return
     sys._traceml_pth_ran = True
     try:
-        from traceml.bootstrap import activate
+        from traceml.capture.bootstrap import activate
 
         activate()
     except Exception as exc:  # a broken install must not break every Python start

@@ -25,14 +25,14 @@ from pathlib import Path
 
 from _common import PYTHON, clean_env, run, values
 
-from traceml.capture import StepClock
-from traceml.integrations.distributed import CommTimer
+from traceml.capture.instruments.distributed import CommTimer
+from traceml.capture.step_clock import StepClock
 
 GLOO_WORKER = """
 import os, sys, time, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
-from traceml.capture import StepClock
-from traceml.integrations.distributed import CommTimer
+from traceml.capture.step_clock import StepClock
+from traceml.capture.instruments.distributed import CommTimer
 dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=2,
                         init_method="file://" + {store!r})
 calls, blocks = {calls}, {blocks}

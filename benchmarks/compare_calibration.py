@@ -3,7 +3,7 @@
 A CI gate is only as good as its two error rates: how often identical code fails it (false
 alarm) and how often a real regression passes it. Both are measured here on runs whose noise
 looks like real training, built in memory and fed through the same job-series path the reducer
-uses (traceml.job_series), then through traceml.compare:
+uses (traceml.analysis.job_series), then through traceml.analysis.compare:
 
 * step times with AR(1) noise (rho 0.5, CV 10%) shared by all ranks (DDP ranks move in
   lock-step), plus 2% independent per-rank jitter, at 1, 8 and 32 ranks;
@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from traceml import schema
-from traceml.compare import EXIT_REGRESSION, REGRESSION, compare, gate_exit_code
-from traceml.job_series import JobSeriesAccumulator, rank_series
+from traceml.analysis.compare import EXIT_REGRESSION, REGRESSION, compare, gate_exit_code
+from traceml.analysis.job_series import JobSeriesAccumulator, rank_series
 
 GATE_PCT = 5.0
 BASE_MS = 100.0

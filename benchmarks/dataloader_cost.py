@@ -13,7 +13,7 @@ import time
 
 from torch.utils.data import DataLoader, Dataset
 
-from traceml.integrations import dataloader
+from traceml.capture.instruments import dataloader
 
 
 class Nothing(Dataset):

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "input_pipeline.py"
 sys.path.insert(0, str(ROOT))
 
-from traceml import input_pipeline, schema  # noqa: E402
+from traceml import schema  # noqa: E402
+from traceml.analysis import input_pipeline  # noqa: E402
 
 KNOBS = {"IP_BATCH_SIZE": "2", "IP_BATCHES": "24", "IP_GETITEM_SLEEP_MS": "50",
          "IP_STEP_SLEEP_MS": "20"}  # fmt: skip

@@ -30,7 +30,7 @@ import orjson
 from _common import ROOT, TINY, alternate, clean_env, describe, run, synthetic_step
 
 sys.path.insert(0, str(ROOT))
-from traceml import live
+from traceml.present import live
 
 
 def header(rank: int, ranks: int) -> bytes:

@@ -1,4 +1,5 @@
-"""What the telemetry sampler (traceml/telemetry.py) costs: its CPU, and step time side by side.
+"""What the telemetry sampler (traceml/capture/telemetry.py) costs: its CPU, and step time
+side by side.
 
 1. One sample: the time of HostProbe.read() (psutil over /proc), with 0 and with 2 child
    processes standing in for DataLoader workers.
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from traceml import telemetry
+from traceml.capture import telemetry
 
 
 def one_sample_us(probe: telemetry.HostProbe, count: int = 200) -> float:

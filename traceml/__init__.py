@@ -13,8 +13,8 @@ def init(**overrides: object) -> None:
     """Trace the next RF-DETR / Lightning training in this process (manual activation).
 
     Same effect as launching with ``TRACEML=1``. Keyword overrides: ``logs_dir``, ``run_name``,
-    ``trace_max_steps``. See :func:`traceml.integrations.rfdetr.init`.
+    ``trace_max_steps``. See :func:`traceml.capture.frameworks.rfdetr.init`.
     """
-    from traceml.integrations.rfdetr import init as _init
+    from traceml.capture.frameworks.rfdetr import init as _init
 
     _init(**overrides)

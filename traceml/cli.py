@@ -110,6 +110,16 @@ def _add_report(commands: Any) -> None:
         metavar="N",
         help="reduce N rank files at once in worker processes (memory: N ranks' steps)",
     )
+    report.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for every rank to finish its file first (a run still ending)",
+    )
+    # Set by the training process of a direct launch, which reports through this command in a
+    # child process so that it never loads the analysis side itself: the run-end banner.
+    report.add_argument("--after-direct-launch", action="store_true", help=argparse.SUPPRESS)
     _add_threshold_option(report)
 
 
@@ -216,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "watch":
             return _watch(args)
         if args.command == "compare":
-            from traceml.compare import compare_command
+            from traceml.analysis.compare import compare_command
 
             return compare_command(args)
     except UserError as exc:
@@ -239,21 +249,26 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def _report(args: argparse.Namespace) -> int:
     import orjson
 
-    from traceml.finalize import summarise
+    from traceml.finalize import summarise, unfinished_ranks_note
 
     thresholds = _threshold_overrides(args.threshold)
     run_dir = Path(args.run_dir)
+    notes = unfinished_ranks_note(run_dir, args.wait) if args.wait > 0 else []
     # ReduceError (nothing to summarise) and OutputError (cannot write) reach main().
     summary, text = summarise(
-        run_dir, thresholds=thresholds, html=args.html, jobs=max(1, args.jobs)
+        run_dir, thresholds=thresholds, notes=notes, html=args.html, jobs=max(1, args.jobs)
     )
+    if args.after_direct_launch:
+        from traceml.present.report import for_terminal
+
+        text = for_terminal(text)
     if args.json:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         sys.stdout.write(text)
     if args.html:
         from traceml import schema
-        from traceml.live import display_path
+        from traceml.files import display_path
 
         sys.stdout.flush()
         print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
@@ -261,7 +276,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from traceml.live import watch
+    from traceml.present.live import watch
 
     if args.interval is not None and not args.interval > 0:
         raise UsageError("--interval must be a positive number of seconds")

@@ -1,16 +1,13 @@
 """End of a run: wait for the ranks' files, reduce, diagnose, write the summary files, print.
 
-Shared by the launcher (``traceml run``), global rank 0 of a direct launch (at exit) and
-``traceml report``. Files are written whole and renamed into place, so a reader never sees half
-a summary.
+Shared by the launcher (``traceml run``) and ``traceml report`` (which global rank 0 of a direct
+launch runs in a child process at exit). Files are written whole and renamed into place, so a
+reader never sees half a summary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,40 +15,13 @@ from typing import Any
 import orjson
 
 from traceml import schema
-from traceml.diagnose import diagnose
+from traceml.analysis.diagnose import diagnose
+from traceml.analysis.reduce import list_rank_files, reduce_run
 from traceml.errors import OutputError
-from traceml.reduce import list_rank_files, reduce_run
-from traceml.report import for_terminal, render_html, render_text
+from traceml.files import write_atomically
+from traceml.present.report import render_html, render_text
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole: a reader sees the old file or the new one, never half of one.
-
-    The temporary file has an unpredictable name and is created with O_EXCL (and O_NOFOLLOW),
-    so a file or symlink planted next to the target cannot redirect the write elsewhere; the
-    rename then replaces ``path`` itself, even when ``path`` is a symlink, never its target.
-    """
-    path = Path(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    for _attempt in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any file we write
-        except FileExistsError:
-            continue
-        break
-    else:  # pragma: no cover - 100 collisions of 64 random bits
-        raise FileExistsError(f"cannot create a temporary file next to {path}")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def summarise(
@@ -135,18 +105,11 @@ def wait_for_ranks(
         time.sleep(poll_s)
 
 
-def report_after_direct_launch(settings: Any) -> None:
-    """Global rank 0 of ``TRACEML=1 python|torchrun train.py``: report once the ranks are done."""
-    run_dir = Path(settings.run_dir)
-    complete = wait_for_ranks(run_dir, None, settings.report_wait_s)
-    notes = []
-    if not complete:
-        notes.append(
-            f"some ranks had not finished their files after {settings.report_wait_s:g} s; "
-            f"run `traceml report {run_dir}` later for the full picture"
-        )
-    _summary, text = summarise(
-        run_dir, thresholds=settings.thresholds, notes=notes, html=settings.html
-    )
-    sys.stdout.flush()
-    print(for_terminal(text), end="", flush=True)
+def unfinished_ranks_note(run_dir: Path, wait_s: float) -> list[str]:
+    """Wait up to ``wait_s`` for every rank's footer; a note for the report when some lack one."""
+    if wait_for_ranks(run_dir, None, wait_s):
+        return []
+    return [
+        f"some ranks had not finished their files after {wait_s:g} s; "
+        f"run `traceml report {run_dir}` later for the full picture"
+    ]

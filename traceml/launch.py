@@ -166,7 +166,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
 def live_timing(args: argparse.Namespace) -> tuple[float, float]:
     """The live view's line interval (--live-interval, else the env var, else 30 s) and the
     least training time before its first provisional verdict."""
-    from traceml import live
+    from traceml.present import live
 
     if args.live_interval is not None and not args.live_interval > 0:  # NaN too
         raise LaunchError("--live-interval must be a positive number of seconds")
@@ -183,7 +183,7 @@ def start_live_view(
 ) -> Any:
     """Say where the run goes; start the live view (a thread of this process, reading the rank
     files: the training processes do nothing for it). Returns the monitor, or None."""
-    from traceml import live
+    from traceml.present import live
 
     world_size = args.nnodes * args.nproc_per_node
     try:
@@ -209,7 +209,7 @@ def start_live_view(
 
 
 def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    from traceml.finalize import write_atomically
+    from traceml.files import write_atomically
 
     with contextlib.suppress(OSError):
         write_atomically(
@@ -272,12 +272,12 @@ def _report(
         print(f"traceml: could not write the report: {exc}", file=sys.stderr)
         return exit_code
     if settings.report:
-        from traceml.report import for_terminal
+        from traceml.present.report import for_terminal
 
         sys.stderr.flush()
         print(for_terminal(text), end="", flush=True)
     if settings.html:
-        from traceml.live import display_path
+        from traceml.files import display_path
 
         print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
     if received is None and exit_code != 0 and _was_keyboard_interrupt(summary):

@@ -264,10 +264,10 @@ IMBALANCE_FIELDS = "fields"  # field -> {"max_over_median", "slowest_rank", "ran
 SLOWEST_RANK = "slowest_rank"
 
 # --- compare (issue 17) ---
-# The job's step series (traceml/job_series.py): one value per step of the whole job, the
+# The job's step series (traceml/analysis/job_series.py): one value per step of the whole job, the
 # unit compare's statistics need (ranks move in lock-step, so they are not separate samples).
 SUMMARY_JOB_SERIES = "job_series"
-# The input pipeline's breakdown (traceml/input_pipeline.py), or null when not timed.
+# The input pipeline's breakdown (traceml/analysis/input_pipeline.py), or null when not timed.
 SUMMARY_INPUT_PIPELINE = "input_pipeline"
 
 # --- Verdicts (diagnose.py): each is {VERDICT_KIND, VERDICT_SEVERITY, VERDICT_WHY,
@@ -314,7 +314,8 @@ VERDICT_KINDS: tuple[str, ...] = (
 MAX_WORLD_SIZE = 1 << 20
 
 # --- Telemetry (issue 15): low-rate samples, the memory trend, host and device use ---------
-# Rank file: {"kind": "sample", t_ms, at_step, ...} about once a second (traceml/telemetry.py),
+# Rank file: {"kind": "sample", t_ms, at_step, ...} about once a second
+# (traceml/capture/telemetry.py),
 # written between step records; at_step is how many step records were written before it.
 KIND_SAMPLE = "sample"
 AT_STEP = "at_step"

@@ -356,6 +356,6 @@ ENV_FAULT_INJECT = "TRACEML_FAULT_INJECT"  # tests only: the entry point that mu
 
 
 def fault_injection_point(environ: Mapping[str, str] | None = None) -> str | None:
-    """The traceml entry point the fault-injection tests make raise (see traceml.guard)."""
+    """The traceml entry point the fault-injection tests make raise (see traceml.capture.guard)."""
     env = os.environ if environ is None else environ
     return env.get(ENV_FAULT_INJECT, "").strip() or None

@@ -53,7 +53,7 @@ THRESHOLDS: dict[str, float] = {
     "memory_warn": 0.90,
     "memory_critical": 0.97,
     # MEMORY_CREEP (issue 15): memory (RSS on CPU, allocated device memory on CUDA) keeps
-    # growing over the analysed steps: a sustained Theil-Sen slope (traceml/trend.py) whose
+    # growing over the analysed steps: a sustained Theil-Sen slope (traceml/analysis/trend.py) whose
     # growth over the run is at least memory_creep_min_mb. Warn when, at that rate, the
     # headroom (host available memory; device capacity minus allocated) runs out within
     # memory_creep_warn_steps steps after the last one (or the headroom is unknown);

@@ -60,7 +60,7 @@ def assert_adds_up(step: dict) -> None:
 
 # The step callback's CUDA path, on CPU (these tests run without a GPU).
 _PATCH_DEVICE_TIMER = """
-import traceml.integrations.lightning as L
+import traceml.capture.frameworks.lightning as L
 (getattr(L, "StepTiming", None) or getattr(L, "StepTimingMixin"))._device_timer = device_timer
 """
 
@@ -90,7 +90,7 @@ def test_tuner_fits_before_the_training_leave_the_training_traced(tmp_path):
 
 STICKY_CUDA = (
     """
-from traceml.cuda_timing import CudaStepTimer
+from traceml.capture.cuda_timing import CudaStepTimer
 
 class StuckEvent:
     # After a device-side assert nothing completes, and every CUDA call raises.
@@ -191,7 +191,7 @@ class InstantEvent:
 def test_the_device_timer_reads_peak_memory_and_never_resets_it(monkeypatch):
     import torch
 
-    from traceml.cuda_timing import cuda_step_timer
+    from traceml.capture.cuda_timing import cuda_step_timer
 
     calls: list[str] = []
     for name in RESETS:
@@ -222,7 +222,7 @@ COUNTING_CUDA = (
     f"""
 import atexit
 import torch
-from traceml.cuda_timing import cuda_step_timer
+from traceml.capture.cuda_timing import cuda_step_timer
 
 counts = {{"resets": 0, "reads": 0}}
 

@@ -1,7 +1,7 @@
 """Every door from training code into traceml, broken on purpose: training must not notice.
 
-``TRACEML_FAULT_INJECT=<entry point>`` makes that entry point raise (traceml.guard). For each
-registered entry point, a real seeded training runs with it broken and must end as the same
+``TRACEML_FAULT_INJECT=<entry point>`` makes that entry point raise (traceml.capture.guard). For
+each registered entry point, a real seeded training runs with it broken and must end as the same
 training without traceml ends: same exit code, same global step, the same final weights bit
 for bit; traceml says so in exactly one warning per process that hit the fault, and whatever
 rank file it left parses line by line. Full disk, failing disk and a deleted logs directory
@@ -50,7 +50,7 @@ LAUNCHERS: dict[str, dict] = {
     "plain": TINY_ENV,
     # A user exception at batch RAISE_AFTER + 1: Lightning calls on_exception.
     "raising": {**TINY_ENV, "TINY_RAISE_AFTER": RAISE_AFTER},
-    # traceml.integrations.rfdetr.init() in the script instead of TRACEML=1.
+    # traceml.capture.frameworks.rfdetr.init() in the script instead of TRACEML=1.
     "init": {**TINY_ENV, "TINY_INIT": "fault"},
     # 2 gloo ranks; the user's own collectives (sync and async) and DDP comm hook. Unbuffered
     # stderr, as many CI runners set it: the two ranks' warnings share one pipe and must not
@@ -85,7 +85,7 @@ def scenario(launcher: str, rank_file: str | None = "disabled", **kwargs) -> Sce
     return Scenario(launcher, rank_file, **kwargs)
 
 
-# Every name in traceml.guard.ENTRY_POINTS, and the run that reaches it.
+# Every name in traceml.capture.guard.ENTRY_POINTS, and the run that reaches it.
 SCENARIOS: dict[str, Scenario] = {
     "import hook": scenario("plain", None),
     "lightning.Trainer.fit": scenario("plain", None),
@@ -295,7 +295,7 @@ def registered_entry_points() -> set[str]:
     import pkgutil
 
     import traceml
-    from traceml.guard import ENTRY_POINTS
+    from traceml.capture.guard import ENTRY_POINTS
 
     for module in pkgutil.walk_packages(traceml.__path__, "traceml."):
         if not module.name.endswith("__main__"):  # that one runs the command line
@@ -316,7 +316,7 @@ def test_every_entry_point_has_a_scenario():
 def test_every_lightning_hook_of_the_callback_is_an_entry_point(package):
     import importlib
 
-    from traceml.integrations.lightning import StepTiming
+    from traceml.capture.frameworks.lightning import StepTiming
 
     callback_api = importlib.import_module(package).Callback
     hooks = {

@@ -16,8 +16,8 @@ from procs import ROOT, clean_env
 
 PROBE = (
     "import sys\n"
-    "b = sys.modules.get('traceml.bootstrap')\n"
-    "hooks = sys.modules.get('traceml.import_hooks')\n"
+    "b = sys.modules.get('traceml.capture.bootstrap')\n"
+    "hooks = sys.modules.get('traceml.capture.import_hooks')\n"
     "print('traceml loaded:', 'traceml' in sys.modules)\n"
     "print('active:', b is not None and b.active_settings() is not None)\n"
     "print('waiting on:', sorted(hooks.pending_hooks()) if hooks else [])\n"
@@ -104,7 +104,7 @@ def test_start_entry_point_does_the_same(installed, tmp_path):
         "print('traceml' in sys.modules)\n"
         "os.environ['TRACEML'] = '1'\n"
         "traceml_bootstrap.start()\n"
-        "print(sys.modules['traceml.bootstrap'].active_settings() is not None)\n"
+        "print(sys.modules['traceml.capture.bootstrap'].active_settings() is not None)\n"
     )
     result = sh([python_in(installed), "-c", code], clean_env(), tmp_path)
     assert (result.stdout, result.stderr) == ("False\nTrue\n", "")

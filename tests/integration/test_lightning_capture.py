@@ -162,7 +162,7 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     hooks = tmp_path / "inject"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(
-        "import traceml.capture as c\n"
+        "import traceml.capture.step_clock as c\n"
         "original = c.StepClock.batch_ended\n"
         "def broken(self, *args):\n"
         "    if self.steps_emitted >= 2:\n"
@@ -240,7 +240,7 @@ def test_init_twice_gives_one_callback_and_conflicts_are_errors(tmp_path):
     assert len(steps_of(rank_records(tmp_path / "logs" / "manual"))) == 4
 
     code = (
-        "import traceml.integrations.rfdetr as t\n"
+        "import traceml.capture.frameworks.rfdetr as t\n"
         "t.init(run_name='one')\n"
         "try:\n"
         "    t.init(run_name='two')\n"
@@ -276,8 +276,8 @@ def test_unsupported_setup_is_named_and_trains_natively(tmp_path):
 
 FAKE_CUDA = """
 import time
-import traceml.integrations.lightning as L
-from traceml.cuda_timing import CudaStepTimer
+import traceml.capture.frameworks.lightning as L
+from traceml.capture.cuda_timing import CudaStepTimer
 
 class LaggingEvent:
     # Completes 3 ms after it was recorded, like a device running behind the host.

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from traceml import schema
-from traceml.diagnose import diagnose
-from traceml.reduce import reduce_run
+from traceml.analysis.diagnose import diagnose
+from traceml.analysis.reduce import reduce_run
 
 from procs import PYTHON, TINY, clean_env, rank_records, run, tiny_result
 

@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from traceml import bootstrap, console, import_hooks
+from traceml import console
+from traceml.capture import bootstrap, import_hooks
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The phase clock: exact step records from hand-picked timestamps (no torch)."""
 
 from traceml import schema
-from traceml.capture import StepClock
+from traceml.capture.step_clock import StepClock
 
 MS = 1_000_000  # ns
 

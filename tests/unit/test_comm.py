@@ -8,12 +8,12 @@ import types
 import pytest
 
 from traceml import schema
-from traceml.capture import StepClock
-from traceml.cuda_timing import CudaStepTimer
-from traceml.diagnose import diagnose
+from traceml.analysis.diagnose import diagnose
+from traceml.analysis.reduce import reduce_run
+from traceml.capture.cuda_timing import CudaStepTimer
+from traceml.capture.instruments.distributed import COLLECTIVES, CommTimer, TimedWork, payload_bytes
+from traceml.capture.step_clock import StepClock
 from traceml.finalize import summarise
-from traceml.integrations.distributed import COLLECTIVES, CommTimer, TimedWork, payload_bytes
-from traceml.reduce import reduce_run
 
 from rankfiles import footer, header, synthetic_run, write_rank
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from traceml import job_series, schema, stats
-from traceml.compare import CompareOptions, _pct, compare, difference
+from traceml import schema
+from traceml.analysis import job_series, stats
+from traceml.analysis.compare import CompareOptions, _pct, compare, difference
 
 ROOT = Path(__file__).resolve().parents[2]
 

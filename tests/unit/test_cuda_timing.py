@@ -1,7 +1,7 @@
 """CUDA-event bookkeeping with fake events: lazy reads, ordering, draining, memory window."""
 
 from traceml import schema
-from traceml.cuda_timing import CudaStepTimer
+from traceml.capture.cuda_timing import CudaStepTimer
 
 
 class FakeDevice:

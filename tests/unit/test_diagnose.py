@@ -2,8 +2,8 @@
 
 import pytest
 
-from traceml.diagnose import diagnose
-from traceml.reduce import reduce_run
+from traceml.analysis.diagnose import diagnose
+from traceml.analysis.reduce import reduce_run
 
 from rankfiles import synthetic_run
 

@@ -12,9 +12,10 @@ import orjson
 import pytest
 
 from traceml import schema
+from traceml.analysis.reduce import RankRecords, reduce_records, reduce_run
 from traceml.cli import main
-from traceml.finalize import summarise, write_atomically
-from traceml.reduce import RankRecords, reduce_records, reduce_run
+from traceml.files import write_atomically
+from traceml.finalize import summarise
 from traceml.settings import Settings
 
 from rankfiles import footer, header, step, synthetic_run, write_rank
@@ -278,7 +279,7 @@ def _fake_torch_distributed(monkeypatch, store):
 def test_run_name_from_rank_zero_is_revalidated(monkeypatch, capsys, tmp_path, planted):
     # Was: a rank adopted whatever the store held, so "../x" moved its files out of logs/.
     from traceml import console
-    from traceml.integrations.lightning import adopt_rank_zero_run_name
+    from traceml.capture.frameworks.lightning import adopt_rank_zero_run_name
 
     console.reset_for_tests()
     _fake_torch_distributed(monkeypatch, _FakeStore(planted))
@@ -289,7 +290,7 @@ def test_run_name_from_rank_zero_is_revalidated(monkeypatch, capsys, tmp_path, p
 
 def test_a_safe_run_name_from_rank_zero_is_adopted(monkeypatch, tmp_path):
     _fake_torch_distributed(monkeypatch, _FakeStore(b"train-20260101-000001"))
-    from traceml.integrations.lightning import adopt_rank_zero_run_name
+    from traceml.capture.frameworks.lightning import adopt_rank_zero_run_name
 
     mine = Settings(logs_dir=tmp_path, run_name="train-20260101-000000", run_name_explicit=False)
     assert adopt_rank_zero_run_name(mine, rank=1).run_name == "train-20260101-000001"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch.utils.data import DataLoader, Dataset
 
-from traceml import input_pipeline
-from traceml.integrations import dataloader
+from traceml.analysis import input_pipeline
+from traceml.capture.instruments import dataloader
 
 
 def record(epoch, producers, **extra):

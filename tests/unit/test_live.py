@@ -11,10 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from traceml import live, schema
+from traceml import schema
+from traceml.analysis.diagnose import diagnose
+from traceml.analysis.reduce import RankRecords, reduce_records
 from traceml.cli import main
-from traceml.diagnose import diagnose
-from traceml.live import (
+from traceml.present import live
+from traceml.present.live import (
     COLLECTING,
     FINAL,
     PROVISIONAL,
@@ -26,7 +28,6 @@ from traceml.live import (
     render_panel,
     window_summary,
 )
-from traceml.reduce import RankRecords, reduce_records
 
 from rankfiles import footer, header, step, synthetic_run, write_rank
 
@@ -296,7 +297,7 @@ def test_slowest_rank_and_by_how_much(tmp_path):
 def test_final_view_shows_the_whole_run(tmp_path):
     synthetic_run(tmp_path, steps=60, input=60, forward=20, backward=20)
     follower = follow(tmp_path)
-    from traceml.reduce import reduce_run
+    from traceml.analysis.reduce import reduce_run
 
     summary = reduce_run(tmp_path)
     summary[schema.SUMMARY_VERDICTS] = diagnose(summary)
@@ -377,11 +378,12 @@ def test_interval_and_collect_from_env():
 
 def test_announce_direct_launch_is_one_line_on_stderr(tmp_path, capsys, monkeypatch):
     from traceml import console
+    from traceml.capture import run_end
 
     console.reset_for_tests()
     monkeypatch.chdir(tmp_path)
-    live.announce_direct_launch(tmp_path / "logs" / "run-1")
-    live.announce_direct_launch(tmp_path / "logs" / "run-1")
+    run_end.announce_direct_launch(tmp_path / "logs" / "run-1")
+    run_end.announce_direct_launch(tmp_path / "logs" / "run-1")
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (

@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from traceml import schema
-from traceml.reduce import ReduceError, reduce_run
+from traceml.analysis.reduce import ReduceError, reduce_run
 
 from rankfiles import footer, header, step, synthetic_run, write_rank, write_run
 

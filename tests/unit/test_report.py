@@ -6,7 +6,7 @@ import pytest
 
 from traceml import schema
 from traceml.finalize import summarise
-from traceml.report import render_html, render_text
+from traceml.present.report import render_html, render_text
 
 from rankfiles import synthetic_run
 
@@ -120,7 +120,7 @@ def test_very_uneven_steps_get_a_caveat_and_even_ones_do_not(tmp_path):
 
 
 def test_the_terminal_report_opens_with_a_banner(tmp_path):
-    from traceml.report import for_terminal
+    from traceml.present.report import for_terminal
 
     _summary, text = _run_with_a_tail(tmp_path, tail_s=1.0)
     printed = for_terminal(text).splitlines()

@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from traceml import report, schema
-from traceml.diagnose import diagnose
-from traceml.reduce import read_rank_file, reduce_run
+from traceml import schema
+from traceml.analysis.diagnose import diagnose
+from traceml.analysis.reduce import read_rank_file, reduce_run
+from traceml.present import report
 
 from rankfiles import footer, header, step, write_rank
 
@@ -174,7 +175,7 @@ def test_reader_keeps_samples_on_the_fast_path(tmp_path: Path) -> None:
 
 
 def test_compare_lists_memory_and_utilization_deltas(tmp_path: Path) -> None:
-    from traceml.compare import compare, render_comparison
+    from traceml.analysis.compare import compare, render_comparison
 
     a = write(tmp_path / "a", [cpu_rank(40.0, 32 * GIB)])
     b = write(tmp_path / "b", [cpu_rank(80.0, 32 * GIB)])

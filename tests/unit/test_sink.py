@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from traceml import console
-from traceml.sink import RankSink, SinkError
+from traceml.capture.sink import RankSink, SinkError
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""traceml.telemetry with fakes (no GPU in CI): host CPU rates, the allocator and NVML
+"""traceml.capture.telemetry with fakes (no GPU in CI): host CPU rates, the allocator and NVML
 readers, the sampler's queue, and its fail-open behaviour."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from traceml import guard, schema, telemetry
+from traceml import schema
+from traceml.capture import guard, telemetry
 
 CpuTimes = namedtuple("CpuTimes", "user system")
 SystemTimes = namedtuple("SystemTimes", "user nice system idle iowait irq softirq")

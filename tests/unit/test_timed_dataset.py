@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from traceml.integrations import dataloader
+from traceml.capture.instruments import dataloader
 
 
 class Squares(Dataset):

@@ -1,11 +1,11 @@
-"""traceml.trend: Theil-Sen slope, Sen's interval and the memory-creep decision, calibrated on
-seeded synthetic memory series (false alarms on level ones, detection on leaking ones)."""
+"""traceml.analysis.trend: Theil-Sen slope, Sen's interval and the memory-creep decision, calibrated
+on seeded synthetic memory series (false alarms on level ones, detection on leaking ones)."""
 
 from __future__ import annotations
 
 import random
 
-from traceml.trend import MB, binned, downsample, memory_trend, theil_sen
+from traceml.analysis.trend import MB, binned, downsample, memory_trend, theil_sen
 
 
 def memory_series(

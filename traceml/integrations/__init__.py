@@ -1,2 +1,2 @@
-"""One module per traced library: ``lightning`` (the step callback, any Lightning Trainer) and
-``rfdetr`` (RF-DETR's ``build_trainer``)."""
+"""Former home of the capture adapters, kept so older ``import traceml.integrations.rfdetr`` lines
+keep working until the next major version; the code lives in :mod:`traceml.capture`."""

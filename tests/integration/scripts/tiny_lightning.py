@@ -26,12 +26,12 @@ def env_ms(name: str) -> float:
 
 
 # TINY_FAULT_INJECT_BY_RANK=a,b: rank 0 breaks traceml entry point a, rank 1 entry point b
-# (TRACEML_FAULT_INJECT per rank; set before Lightning's import loads traceml.guard).
+# (TRACEML_FAULT_INJECT per rank; set before Lightning's import loads traceml.capture.guard).
 if os.environ.get("TINY_FAULT_INJECT_BY_RANK"):
     points = os.environ["TINY_FAULT_INJECT_BY_RANK"].split(",")
     os.environ["TRACEML_FAULT_INJECT"] = points[int(os.environ.get("RANK", "0"))]
-    if "traceml.guard" in sys.modules:
-        sys.modules["traceml.guard"].reload_injection()
+    if "traceml.capture.guard" in sys.modules:
+        sys.modules["traceml.capture.guard"].reload_injection()
 # Make one Lightning package unimportable (as if only the other one were installed).
 BLOCKED = os.environ.get("TINY_BLOCK_PACKAGE")
 if BLOCKED:
@@ -237,7 +237,7 @@ def main() -> int:
     if os.environ.get("TINY_FAIL_WRITE"):
         fail_rank_file_writes(os.environ["TINY_FAIL_WRITE"])
     if os.environ.get("TINY_INIT"):
-        import traceml.integrations.rfdetr as traceml_init
+        import traceml.capture.frameworks.rfdetr as traceml_init
 
         for _ in range(env_int("TINY_INIT_CALLS", 1)):
             traceml_init.init(run_name=os.environ["TINY_INIT"])

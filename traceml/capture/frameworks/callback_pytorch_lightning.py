@@ -3,7 +3,7 @@ its own, like callback_lightning, for pickling and lazy imports."""
 
 from pytorch_lightning import Callback
 
-from traceml.integrations.lightning import StepTiming
+from traceml.capture.frameworks.lightning import StepTiming
 
 
 class PytorchLightningStepCallback(StepTiming, Callback):

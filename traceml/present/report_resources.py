@@ -7,7 +7,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from traceml import resources, schema
+from traceml import schema
+from traceml.analysis import resources
 
 _TREND_SHORT = {"rss": "RSS", "device_allocated": "dev"}
 _CPU_COLORS = {"process": "#1f77b4", "workers": "#ff7f0e", "system": "#7f7f7f"}

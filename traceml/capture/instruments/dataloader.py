@@ -51,7 +51,7 @@ import struct
 import time
 from typing import Any
 
-from traceml.guard import entry_point
+from traceml.capture.guard import entry_point
 
 clock_ns = time.perf_counter_ns
 

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from traceml import schema, stats
+from traceml import schema
+from traceml.analysis import stats
 
 # Time waiting on other ranks (schema.COMM) rides along: compare shows it when both runs have it.
 SERIES_FIELDS: tuple[str, ...] = (*schema.TIMED_FIELDS, schema.COMM)

@@ -6,7 +6,7 @@
 * Forward: forward pre/post hooks on the model's inner network.
 
 Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
-before and after it goes through the observer's guarded entry points (traceml.guard), so a
+before and after it goes through the observer's guarded entry points (traceml.capture.guard), so a
 traceml failure turns tracing off and never changes what the user's call returns or raises.
 Everything installed is removed by :meth:`Instruments.remove`.
 """

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from traceml import schema
+from traceml.capture.sink import RankSink, SinkError
 from traceml.settings import Settings
-from traceml.sink import RankSink, SinkError
 from traceml.versions import package_versions
 
 

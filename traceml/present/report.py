@@ -12,9 +12,9 @@ import textwrap
 from typing import Any
 
 from traceml import schema
-from traceml.diagnose import label, noise_caveat
-from traceml.report_resources import html_section as resource_html
-from traceml.report_resources import text_lines as resource_lines
+from traceml.analysis.diagnose import label, noise_caveat
+from traceml.present.report_resources import html_section as resource_html
+from traceml.present.report_resources import text_lines as resource_lines
 
 WIDTH = 100
 # Rows of missing ranks listed in the per-rank table; the notes give them all, as ranges.
@@ -89,7 +89,7 @@ def render_text(summary: dict[str, Any]) -> str:
 
 
 def _input_lines(summary: dict[str, Any]) -> list[str]:
-    """The input pipeline's breakdown (traceml/input_pipeline.py), when it was timed."""
+    """The input pipeline's breakdown (traceml/analysis/input_pipeline.py), when it was timed."""
     breakdown = summary.get(schema.SUMMARY_INPUT_PIPELINE)
     if not isinstance(breakdown, dict):
         return []

@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from traceml import input_pipeline, job_series, resources, schema, stats
+from traceml import schema
+from traceml.analysis import input_pipeline, job_series, resources, stats
 from traceml.errors import ReduceError
 from traceml.thresholds import resolve_thresholds
 

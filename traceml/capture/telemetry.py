@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traceml import console, schema
-from traceml.guard import entry_point
+from traceml.capture.guard import entry_point
 
 SAMPLE_INTERVAL_S = 1.0
 MAX_FAILURES = 3
@@ -221,7 +221,7 @@ class TelemetrySampler:
         self.cuda = cuda
         self.interval_s = interval_s
         self.pending: deque[dict[str, Any]] = deque(maxlen=QUEUE_LENGTH)
-        self.own_cost_ns = 0  # time in the guarded calls (traceml.guard adds to it)
+        self.own_cost_ns = 0  # time in the guarded calls (traceml.capture.guard adds to it)
         self.cpu_ns = 0  # CPU time of the thread's samples (its own cost, reported)
         self.failures = 0
         self.off: str | None = None  # why telemetry turned itself off

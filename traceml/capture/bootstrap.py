@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 # Module imported -> "module:function" run after it. Strings, so an integration's own module
 # loads only when its library does.
 INTEGRATION_HOOKS: dict[str, str] = {
-    "rfdetr.training": "traceml.integrations.rfdetr:on_import",
-    "pytorch_lightning": "traceml.integrations.lightning:on_import",
-    "lightning.pytorch": "traceml.integrations.lightning:on_import",
+    "rfdetr.training": "traceml.capture.frameworks.rfdetr:on_import",
+    "pytorch_lightning": "traceml.capture.frameworks.lightning:on_import",
+    "lightning.pytorch": "traceml.capture.frameworks.lightning:on_import",
 }
 
 ROLE_WORKER = "worker"
@@ -106,7 +106,7 @@ def activate(
 
 
 def register_integrations(hooks: Mapping[str, str] | None = None) -> None:
-    from traceml.import_hooks import register_post_import_hook
+    from traceml.capture.import_hooks import register_post_import_hook
 
     for module_name, target in (INTEGRATION_HOOKS if hooks is None else hooks).items():
         register_post_import_hook(module_name, _deferred(target))
@@ -145,7 +145,7 @@ def activate_manually(settings: Settings) -> None:
 
 
 def deactivate() -> None:
-    """Tracing off for the rest of this process (traceml.guard, after a failure no callback
+    """Tracing off for the rest of this process (traceml.capture.guard, after a failure no callback
     owns): every later door finds no settings and leaves the training alone."""
     with _lock:
         _state.settings = None

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from traceml import resources, schema, stats
+from traceml import schema
+from traceml.analysis import resources, stats
 from traceml.thresholds import resolve_thresholds
 
 # The kinds and severities are schema constants; these names are kept for readers' convenience.
@@ -379,8 +380,8 @@ def _input_advice(
     summary: dict[str, Any], input_wait_ms: float, step_ms: float
 ) -> tuple[str, dict[str, Any]] | None:
     """INPUT_BOUND with the workers' breakdown: which part dominates, what to change, and by
-    how much (traceml/input_pipeline.py)."""
-    from traceml import input_pipeline
+    how much (traceml/analysis/input_pipeline.py)."""
+    from traceml.analysis import input_pipeline
 
     setup = summary.get(schema.SUMMARY_SETUP) or {}
     micro = (summary.get(schema.SUMMARY_OVERALL) or {}).get(schema.PHASE_STATS) or {}
@@ -614,7 +615,7 @@ def _memory(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
 
 # ----------------------------------------------------------------------------------------------
 # Resources (issue 15): memory over the run, device idle time, the host's CPU and memory.
-# Each judges the rank entries' TELEMETRY (traceml/resources.py) and names the worst rank.
+# Each judges the rank entries' TELEMETRY (traceml/analysis/resources.py) and names the worst rank.
 
 MEMORY_CREEP = schema.VERDICT_MEMORY_CREEP
 LOW_DEVICE_UTILIZATION = schema.VERDICT_LOW_DEVICE_UTILIZATION

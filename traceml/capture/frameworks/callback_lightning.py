@@ -3,7 +3,7 @@ finds the class by name under ddp_spawn, and importing it is what imports that p
 
 from lightning.pytorch import Callback
 
-from traceml.integrations.lightning import StepTiming
+from traceml.capture.frameworks.lightning import StepTiming
 
 
 class LightningStepCallback(StepTiming, Callback):

@@ -114,7 +114,7 @@ def failed(owner: Any, name: str, exc: BaseException) -> None:
     # have: after rfdetr.build_trainer failed, the plain Trainer.fit hook traced RF-DETR as
     # generic Lightning, past RF-DETR's unsupported-model checks.
     try:
-        from traceml import bootstrap
+        from traceml.capture import bootstrap
 
         bootstrap.deactivate()
     except Exception:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from traceml.stats import lag1_autocorrelation, quantile_sorted
+from traceml.analysis.stats import lag1_autocorrelation, quantile_sorted
 
 TREND_BINS = 200
 # Sen's interval for the slope at ~99% (two-sided): the slope is "significant" only when its

@@ -4,7 +4,7 @@ people and CI. Pure except :func:`compare_command` (files in, files out, exit co
 Is a change real? Three things made the old answer wrong (issue 17), and each has its rule:
 
 * **The unit is the job's step.** DDP ranks move in lock-step, so each summary's job series
-  (traceml/job_series.py) gives one value per step: the slowest rank's step time, a phase's
+  (traceml/analysis/job_series.py) gives one value per step: the slowest rank's step time, a phase's
   mean over ranks. Counting every rank's step as a sample shrank intervals with sqrt(ranks).
 * **Consecutive steps are correlated.** A run's mean step time gets its standard error from
   batch means (long contiguous batches are nearly independent), with Student's t on
@@ -34,10 +34,11 @@ from typing import Any
 
 import orjson
 
-from traceml import input_pipeline, job_series, resources, schema, stats
-from traceml.diagnose import label
+from traceml import schema
+from traceml.analysis import input_pipeline, job_series, resources, stats
+from traceml.analysis.diagnose import label
+from traceml.analysis.job_series import RunEstimate
 from traceml.errors import OutputError, UserError
-from traceml.job_series import RunEstimate
 
 MIN_EFFECT = 0.01  # changes under 1% are never called (not worth a verdict)
 MATERIAL_SHARE = 0.02  # a phase under 2% of the step in both runs cannot move a verdict
@@ -374,7 +375,7 @@ OWN_COST_WARN = 0.01
 
 
 def _own_cost_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -> list[str]:
-    from traceml.report import own_cost
+    from traceml.present.report import own_cost
 
     notes = []
     for summary in (*side_a, *side_b):

@@ -56,7 +56,7 @@ def _fire(module: ModuleType) -> None:
     module = sys.modules.get(name, module)
     if hooks:
         # Loaded only now, when a watched library is imported: never at interpreter start.
-        from traceml.guard import guarded_call
+        from traceml.capture.guard import guarded_call
 
         for hook in hooks:
             # Never breaks the user's import.

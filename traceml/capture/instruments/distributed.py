@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traceml import schema
-from traceml.guard import entry_point
+from traceml.capture.guard import entry_point
 
 clock_ns = time.perf_counter_ns
 
@@ -92,7 +92,8 @@ def payload_bytes(args: tuple, kwargs: dict, position: int = 0) -> int:
 class CommTimer:
     """Times every wait on other ranks of one traced training (see the module docstring).
 
-    ``clock`` is the training's :class:`traceml.capture.StepClock` (set when tracing starts);
+    ``clock`` is the training's :class:`~traceml.capture.step_clock.StepClock`
+    (set when tracing starts);
     ``gpu`` its CUDA step timer, or None on CPU. ``on_failure`` is called once with a reason
     if the bookkeeping itself fails; the user's calls always go through, exactly once.
     """
@@ -105,7 +106,7 @@ class CommTimer:
         self.bucket_note: str | None = None  # why bucket timing is off
         self._on_failure = on_failure
         self._now = now
-        self.own_cost_ns = 0  # time inside this timer's entry points (traceml.guard)
+        self.own_cost_ns = 0  # time inside this timer's entry points (traceml.capture.guard)
         self._failed = False
         self._depth = 0  # >0 inside a timed call: collectives it makes pass through
         self._undo: list[Callable[[], None]] = []

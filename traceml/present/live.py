@@ -6,8 +6,8 @@ Three parts, kept apart as in the rest of traceml:
   partly written last line kept for the next read, rank files that appear late, a rank that
   died) and keeps, per rank, a bounded window of recent step records.
 * Pure functions turn that state into a :class:`LiveView` (steps, steps/s, median step, phase
-  shares, slowest rank, a *provisional* verdict from :func:`traceml.diagnose.diagnose` on the
-  window's summary) and render it as one plain line or as a few terminal lines.
+  shares, slowest rank, a *provisional* verdict from :func:`traceml.analysis.diagnose.diagnose`
+  on the window's summary) and render it as one plain line or as a few terminal lines.
 * :class:`TerminalPanel` and :class:`LiveMonitor` put it on a terminal (a panel below a scroll
   region, so the training script's own lines keep flowing above it) or as a plain line every
   N seconds (CI logs, Slurm, ``| tee``).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import socket
 import sys
 import threading
@@ -34,9 +33,10 @@ from typing import Any
 import orjson
 
 from traceml import schema
-from traceml.diagnose import diagnose, label
+from traceml.analysis.diagnose import diagnose, label
+from traceml.analysis.reduce import RankRecords, list_rank_files, parse_lines, reduce_records
 from traceml.errors import UsageError
-from traceml.reduce import RankRecords, list_rank_files, parse_lines, reduce_records
+from traceml.files import display_path
 from traceml.thresholds import resolve_thresholds
 
 DEFAULT_WINDOW = 100  # steps per rank the provisional verdict looks at
@@ -600,26 +600,6 @@ def start_line(
     return f"traceml: run directory {where} ({ranks}); {how}; elsewhere: traceml watch {where}"
 
 
-def display_path(path: Path) -> str:
-    """``path`` relative to the current directory when inside it, quoted for a shell."""
-    path = Path(path)
-    with contextlib.suppress(ValueError, OSError):
-        path = path.resolve().relative_to(Path.cwd().resolve())
-    return shlex.quote(str(path))
-
-
-def announce_direct_launch(run_dir: Path) -> None:
-    """One line at the start of a direct launch (``TRACEML=1 python ...``), for global rank 0:
-    where the run directory is and how to watch it (the training process draws no live view)."""
-    from traceml import console
-
-    where = display_path(run_dir)
-    console.warn(
-        f"tracing into {where}; to watch it live: traceml watch {where}",
-        key="live-announce",
-    )
-
-
 def interval_from_env(environ: Mapping[str, str] | None = None) -> float | None:
     """``TRACEML_LIVE_INTERVAL_S`` as seconds, or None when unset; LiveError when unusable."""
     return _seconds_from_env(ENV_INTERVAL, environ, minimum_exclusive=0.0)
@@ -897,7 +877,7 @@ def _print_final(
     out: Any,
 ) -> None:
     """The run is over: the whole run's numbers and verdict, as ``traceml report`` would give."""
-    from traceml.reduce import ReduceError, reduce_run
+    from traceml.analysis.reduce import ReduceError, reduce_run
 
     try:
         summary = reduce_run(run_dir, thresholds=thresholds)
@@ -929,8 +909,8 @@ def _write_html(
 
 
 def _write_html_summary(path: Path, summary: dict[str, Any], *, refresh: bool) -> None:
-    from traceml.finalize import write_atomically
-    from traceml.report import render_html
+    from traceml.files import write_atomically
+    from traceml.present.report import render_html
 
     page = render_html(summary)
     if refresh:  # the browser reloads the page while the watch rewrites it

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from traceml import schema, trend
+from traceml import schema
+from traceml.analysis import trend
 
 # Leave out the first 10% of the analysed steps from the trend: the working set is still being
 # allocated (optimizer state after the first update, the allocator's pools, lazy modules).

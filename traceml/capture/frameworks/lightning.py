@@ -18,10 +18,10 @@ only honoured while a training microbatch is open.
 
 Who does what: this module attaches the callback to the first training fit of the process
 (:func:`attach`) and dispatches Lightning's hooks; ``lightning_instruments`` installs the
-fetcher / transfer / forward instruments; ``traceml.capture.StepClock`` turns boundaries into
-step records; ``traceml.recorder.RankRecorder`` writes them; ``traceml.lifecycle`` says which
+fetcher / transfer / forward instruments; ``step_clock.StepClock`` turns boundaries into step
+records; ``recorder.RankRecorder`` writes them; ``lifecycle`` says which
 state the training is in. Every hook and instrument callback is a guarded entry point
-(``traceml.guard``): a failure inside traceml turns tracing off with one warning and never
+(``traceml.capture.guard``): a failure inside traceml turns tracing off with one warning and never
 reaches the user.
 """
 
@@ -34,10 +34,11 @@ import time
 import weakref
 from typing import Any
 
-from traceml import capture, console, schema
-from traceml.guard import entry_point
-from traceml.lifecycle import Lifecycle, State
-from traceml.recorder import RankRecorder, build_header
+from traceml import console, schema
+from traceml.capture import step_clock
+from traceml.capture.guard import entry_point
+from traceml.capture.lifecycle import Lifecycle, State
+from traceml.capture.recorder import RankRecorder, build_header
 from traceml.settings import Settings
 
 from .lightning_instruments import Instruments, forward_module
@@ -130,7 +131,7 @@ def _fit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     "lightning.Trainer.fit", "the Trainer.fit wrapper, before the user's fit", owner_arg=-1
 )
 def attach_before_fit(trainer: Any) -> None:
-    from traceml import bootstrap
+    from traceml.capture import bootstrap
 
     settings = bootstrap.active_settings()
     if settings is None or getattr(trainer, "_traceml_skip", False):
@@ -206,13 +207,13 @@ class StepTiming:
     def _reset_runtime(self) -> None:
         self.life = Lifecycle()
         self.recorder: RankRecorder | None = None
-        self.clock: capture.StepClock | None = None
+        self.clock: step_clock.StepClock | None = None
         self.gpu: Any = None
         self.comm: Any = None  # distributed.CommTimer in a multi-rank run
         self.instruments = Instruments(self)
         self.rank_info: dict[str, Any] = {}
         self.pid = os.getpid()
-        self.own_cost_ns = 0  # time inside traceml's entry points (traceml.guard adds to it)
+        self.own_cost_ns = 0  # time inside traceml's entry points (the guard adds to it)
         self._cost_reported_ns = 0
         self._trainer_ref: weakref.ref | None = None
         self._header_extra: dict[str, Any] = {}
@@ -220,7 +221,7 @@ class StepTiming:
         self._rss = None
         self._rss_at = 0
         self._disabled_warned = False
-        self.telemetry: Any = None  # traceml.telemetry.TelemetrySampler while tracing
+        self.telemetry: Any = None  # traceml.capture.telemetry.TelemetrySampler while tracing
         self.input_timing: Any = None  # dataloader.InputTiming: worker-side input timing
 
     # Lightning dispatches every hook of every callback (a profiler context and a call each,
@@ -458,7 +459,7 @@ class StepTiming:
             return
         from torch.nn.parallel import DistributedDataParallel
 
-        from traceml.integrations.distributed import CommTimer
+        from traceml.capture.instruments.distributed import CommTimer
 
         self.comm = CommTimer(on_failure=self._disable)
         self.comm.wrap_hook_registration(DistributedDataParallel)
@@ -478,10 +479,10 @@ class StepTiming:
         if type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
             self._mark_unsupported(trainer, pl_module, "a training_step that takes dataloader_iter")
             return
-        self.clock = capture.StepClock(origin_ns=clock_ns())
+        self.clock = step_clock.StepClock(origin_ns=clock_ns())
         self._clock_origin_unix = time.time()
         self.gpu = self._device_timer(pl_module)
-        self._rss = capture.rss_reader()
+        self._rss = step_clock.rss_reader()
         self._start_telemetry(pl_module)
         self._header_extra = _loop_facts(trainer)
         if self.comm is not None:
@@ -490,7 +491,7 @@ class StepTiming:
         for note in self.notes:
             self.recorder.event(note.get("level", "info"), note["code"], note["message"])
         if self.rank_info[schema.RANK] == 0 and not self.settings.launcher_managed:
-            from traceml.live import announce_direct_launch
+            from traceml.capture.run_end import announce_direct_launch
 
             announce_direct_launch(self.settings.run_dir)  # the launcher prints its own
         self.life.move(State.TRACING)
@@ -521,9 +522,9 @@ class StepTiming:
 
     @entry_point("dataloader.install", "the training DataLoader, before its iterator exists")
     def _install_input_timing(self, trainer: Any) -> None:
-        """Time the training DataLoader's workers (traceml.integrations.dataloader). Workers
+        """Time the training DataLoader's workers (traceml.capture.instruments.dataloader). Workers
         are forked when the epoch's iterator is created, after this: they inherit it."""
-        from traceml.integrations.dataloader import install_input_timing
+        from traceml.capture.instruments.dataloader import install_input_timing
 
         if self.input_timing is not None or self.life.state not in (State.READY, State.TRACING):
             return
@@ -545,9 +546,9 @@ class StepTiming:
             self.recorder.sink.write(record)
 
     def _start_telemetry(self, pl_module: Any) -> None:
-        """Host CPU/memory and allocator samples about once a second (traceml.telemetry):
+        """Host CPU/memory and allocator samples about once a second (traceml.capture.telemetry):
         its own thread, its own guarded calls; a failure there stops telemetry only."""
-        from traceml.telemetry import sampler_for
+        from traceml.capture.telemetry import sampler_for
 
         sampler = sampler_for(getattr(pl_module, "device", None), self.clock.origin_ns)
         if sampler is not None:
@@ -564,7 +565,7 @@ class StepTiming:
         device = getattr(pl_module, "device", None)
         if getattr(device, "type", None) != "cuda":
             return None
-        from traceml.cuda_timing import cuda_step_timer
+        from traceml.capture.cuda_timing import cuda_step_timer
 
         return cuda_step_timer(device)
 
@@ -854,9 +855,9 @@ def at_exit() -> None:
         is_rank_zero = callback.rank_info.get(schema.RANK, 0) == 0
         if is_rank_zero and settings.report and not settings.launcher_managed:
             try:
-                from traceml.finalize import report_after_direct_launch
+                from traceml.capture.run_end import report_in_child
 
-                report_after_direct_launch(settings)
+                report_in_child(settings)
             except Exception as exc:
                 console.warn(f"could not write the final report ({type(exc).__name__}: {exc})")
         break

@@ -1,7 +1,7 @@
 """Input records -> the input pipeline's breakdown, and what to change when input-bound. Pure.
 
 The rank files' ``input`` records (one per epoch, written by
-``traceml.integrations.dataloader``) say, per producer (each DataLoader worker, or the main
+``traceml.capture.instruments.dataloader``) say, per producer (each DataLoader worker, or the main
 process with ``num_workers=0``), how many batches it made and how long it spent in the dataset's
 ``__getitem__``, in ``collate_fn``, busy (first sample to collate end) and alive (first batch
 start to last batch end). This module adds them up over ranks and epochs, and turns them and the

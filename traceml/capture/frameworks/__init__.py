@@ -1,0 +1,1 @@
+"""Thin adapters that drive a capture session from a framework's own events."""

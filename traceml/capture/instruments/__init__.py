@@ -1,0 +1,1 @@
+"""Torch-level, framework-free instruments: collectives and the DataLoader."""

@@ -1,0 +1,55 @@
+"""The two things a direct launch (``TRACEML=1 python|torchrun train.py``) says on global rank 0.
+
+At the start, where the run directory is; at interpreter exit, the report. The report is
+built by ``python -m traceml report`` in a child process, waited for, with its output on this
+process's terminal: the training process (which may still hold the model and device memory)
+never loads the reducer, the diagnosis or the renderers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from traceml import console
+from traceml.files import display_path
+
+
+def announce_direct_launch(run_dir: Any) -> None:
+    """One line on stderr: the run directory and how to watch it (no live view in training)."""
+    where = display_path(run_dir)
+    console.warn(
+        f"tracing into {where}; to watch it live: traceml watch {where}",
+        key="live-announce",
+    )
+
+
+def report_command(settings: Any) -> list[str]:
+    """The ``traceml report`` command line that reports this direct launch."""
+    command = [sys.executable, "-m", "traceml", "report", str(settings.run_dir)]
+    command += ["--wait", f"{settings.report_wait_s:g}", "--after-direct-launch"]
+    if settings.html:
+        command.append("--html")
+    for name, value in sorted(settings.thresholds.items()):
+        command += ["--threshold", f"{name}={value!r}"]
+    return command
+
+
+def report_in_child(settings: Any) -> None:
+    """Run the report in a child process and wait for it; its failures are its own lines."""
+    env = dict(os.environ)
+    env["TRACEML"] = "0"  # the child only reads files: the report itself is not traced
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    completed = subprocess.run(
+        report_command(settings), env=env, stdin=subprocess.DEVNULL, check=False
+    )
+    if completed.returncode != 0:
+        console.warn(
+            f"could not write the final report (traceml report exited {completed.returncode})"
+        )

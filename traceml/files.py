@@ -1,0 +1,45 @@
+"""Small file helpers shared by both sides: whole-file writes and paths as a user types them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shlex
+from pathlib import Path
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole: a reader sees the old file or the new one, never half of one.
+
+    The temporary file has an unpredictable name and is created with O_EXCL (and O_NOFOLLOW),
+    so a file or symlink planted next to the target cannot redirect the write elsewhere; the
+    rename then replaces ``path`` itself, even when ``path`` is a symlink, never its target.
+    """
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for _attempt in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any file we write
+        except FileExistsError:
+            continue
+        break
+    else:  # pragma: no cover - 100 collisions of 64 random bits
+        raise FileExistsError(f"cannot create a temporary file next to {path}")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the current directory when inside it, quoted for a shell."""
+    path = Path(path)
+    with contextlib.suppress(ValueError, OSError):
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    return shlex.quote(str(path))
