@@ -5,5 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/env.sh
 echo "==> ruff"
 .venv/bin/ruff check .
+echo "==> import-linter (the process boundary)"
+.venv/bin/lint-imports
 echo "==> pytest"
 exec .venv/bin/python -m pytest "$@"

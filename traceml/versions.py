@@ -11,7 +11,7 @@ def package_versions() -> dict[str, str | None]:
     """python, torch, both Lightning packages, rfdetr and traceml; None for what is missing."""
     from importlib import metadata
 
-    from traceml import __version__
+    from traceml._version import __version__
 
     found: dict[str, str | None] = {"python": sys.version.split()[0]}
     for name in PACKAGES:

@@ -375,11 +375,9 @@ OWN_COST_WARN = 0.01
 
 
 def _own_cost_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -> list[str]:
-    from traceml.present.report import own_cost
-
     notes = []
     for summary in (*side_a, *side_b):
-        measured = own_cost(summary)
+        measured = resources.own_cost(summary)
         if measured is not None and measured[1] > OWN_COST_WARN:
             notes.append(
                 f"traceml's own cost in {summary.get(schema.RUN)} is {measured[0]:.0f} us per "

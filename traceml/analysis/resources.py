@@ -333,3 +333,12 @@ def delta_lines(deltas: dict[str, dict[str, Any]]) -> list[str]:
         f"{d['label']}: {d['a']:,.1f} -> {d['b']:,.1f} ({d['change']:+,.1f})"
         for d in deltas.values()
     ]
+
+
+def own_cost(summary: dict[str, Any]) -> tuple[float, float] | None:
+    """traceml's own cost: (mean microseconds per step, fraction of the mean step)."""
+    phases = (summary.get(schema.SUMMARY_OVERALL) or {}).get(schema.PHASE_STATS) or {}
+    cost, step = phases.get(schema.TRACEML_COST_US), phases.get(schema.STEP)
+    if not cost or not step or not step.get("mean"):
+        return None
+    return cost["mean"], cost["mean"] / 1000.0 / step["mean"]

@@ -12,6 +12,7 @@ import textwrap
 from typing import Any
 
 from traceml import schema
+from traceml.analysis import resources
 from traceml.analysis.diagnose import label, noise_caveat
 from traceml.present.report_resources import html_section as resource_html
 from traceml.present.report_resources import text_lines as resource_lines
@@ -249,17 +250,8 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
     return _wrap(";  ".join(parts), "  ") + _between_steps_lines(overall) + own_cost_lines(summary)
 
 
-def own_cost(summary: dict[str, Any]) -> tuple[float, float] | None:
-    """traceml's own cost: (mean microseconds per step, fraction of the mean step)."""
-    phases = (summary.get(schema.SUMMARY_OVERALL) or {}).get(schema.PHASE_STATS) or {}
-    cost, step = phases.get(schema.TRACEML_COST_US), phases.get(schema.STEP)
-    if not cost or not step or not step.get("mean"):
-        return None
-    return cost["mean"], cost["mean"] / 1000.0 / step["mean"]
-
-
 def own_cost_lines(summary: dict[str, Any]) -> list[str]:
-    measured = own_cost(summary)
+    measured = resources.own_cost(summary)
     if measured is None:
         return []
     micros, fraction = measured
