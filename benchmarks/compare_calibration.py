@@ -24,8 +24,9 @@ import time
 from typing import Any
 
 from traceml import schema
-from traceml.analysis.compare import EXIT_REGRESSION, REGRESSION, compare, gate_exit_code
+from traceml.analysis.compare import REGRESSION, compare
 from traceml.analysis.job_series import JobSeriesAccumulator, rank_series
+from traceml.compare_command import EXIT_REGRESSION, gate_exit_code
 
 GATE_PCT = 5.0
 BASE_MS = 100.0

@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "watch":
             return _watch(args)
         if args.command == "compare":
-            from traceml.analysis.compare import compare_command
+            from traceml.compare_command import compare_command
 
             return compare_command(args)
     except UserError as exc:

@@ -6,8 +6,9 @@ import orjson
 import pytest
 
 from traceml import schema
-from traceml.analysis.compare import CompareOptions, compare, gate_exit_code, load_summary
+from traceml.analysis.compare import CompareOptions, compare, load_summary
 from traceml.cli import main
+from traceml.compare_command import gate_exit_code
 from traceml.finalize import summarise
 
 from rankfiles import synthetic_run, write_run

@@ -14,7 +14,7 @@ import pytest
 
 from traceml import schema
 from traceml.analysis import job_series, stats
-from traceml.analysis.compare import CompareOptions, _pct, compare, difference
+from traceml.analysis.compare import CompareOptions, compare, difference, pct_change
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,7 +196,7 @@ def test_interval_is_on_the_ratio_scale():
     # Very noisy: a +-interval in % would reach below -100% (half-width > 1 in log units)...
     assert diff.log_ratio - diff.low > 1.0
     # ...but on the ratio scale the % change stays above -100%, and is asymmetric.
-    low, high = _pct(diff.low), _pct(diff.high)
+    low, high = pct_change(diff.low), pct_change(diff.high)
     assert -100.0 < low < -90.0 < high
     assert (-90.0 - low) < (high + 90.0)
 

@@ -175,7 +175,8 @@ def test_reader_keeps_samples_on_the_fast_path(tmp_path: Path) -> None:
 
 
 def test_compare_lists_memory_and_utilization_deltas(tmp_path: Path) -> None:
-    from traceml.analysis.compare import compare, render_comparison
+    from traceml.analysis.compare import compare
+    from traceml.present.compare_text import render_comparison
 
     a = write(tmp_path / "a", [cpu_rank(40.0, 32 * GIB)])
     b = write(tmp_path / "b", [cpu_rank(80.0, 32 * GIB)])

@@ -1,0 +1,53 @@
+"""Reading a ``final_summary.json`` for ``traceml compare``: one-line errors for the user."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceml import schema
+from traceml.errors import UserError
+
+
+class CompareInputError(UserError):
+    """A file that cannot be compared; one line for the user (cli.main), exit code 2."""
+
+
+def load_summary(path: Path | str) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        candidate = path / schema.SUMMARY_JSON
+        if candidate.is_file():
+            path = candidate
+    if not path.is_file():
+        raise CompareInputError(f"no such file: {path}")
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError:
+        raise CompareInputError(f"{path} is not JSON (is it a final_summary.json?)") from None
+    except OSError as exc:
+        raise CompareInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        raise CompareInputError(f"{path} is not a traceml summary")
+    family, supported = schema.family_and_major(schema.SUMMARY_SCHEMA)
+    found = data.get(schema.SCHEMA)
+    major = schema.schema_major(found, family)
+    if major is None:
+        raise CompareInputError(
+            f"{path} is not a traceml summary (schema {found!r}; expected {family}/{supported}.x)"
+        )
+    if major > supported:
+        raise CompareInputError(
+            f"{path} has schema {found}, newer than this traceml reads ({family}/{supported}.x): "
+            "upgrade traceml"
+        )
+    if not isinstance(data.get(schema.SUMMARY_OVERALL), dict):
+        raise CompareInputError(f"{path} is a traceml summary without an 'overall' section")
+    data["_path"] = str(path)
+    return data
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics

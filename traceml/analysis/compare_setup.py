@@ -1,0 +1,164 @@
+"""What else differs between the runs compared: setup, diagnosis, imbalance, memory, traceml's
+own cost. Shown beside the step-time verdict; the blocking differences make it INCONCLUSIVE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceml import schema
+from traceml.analysis import resources, stats
+from traceml.analysis.diagnose import label
+
+_SETUP_KEYS = (
+    (schema.WORLD_SIZE, "world size"),
+    (schema.BATCH_SIZE, "batch size"),
+    (schema.ACCUMULATE_GRAD_BATCHES, "gradient accumulation"),
+    ("device", "device"),
+    ("device_name", "device model"),
+    (schema.SCRIPT, "script"),
+    ("trace_max_steps", "trace-max-steps"),
+    (schema.INTEGRATION, "integration"),
+)
+# Differences that are usually the change under test: shown, not held against the comparison.
+_CHANGE_KEYS = (("num_workers", "DataLoader workers"),)
+
+
+def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
+    setup_a = a.get(schema.SUMMARY_SETUP) or {}
+    setup_b = b.get(schema.SUMMARY_SETUP) or {}
+    unfair = []
+    for key, name in _SETUP_KEYS:
+        if setup_a.get(key) != setup_b.get(key):
+            unfair.append(f"{name}: {setup_a.get(key)} -> {setup_b.get(key)}")
+    versions_a = setup_a.get(schema.VERSIONS) or {}
+    versions_b = setup_b.get(schema.VERSIONS) or {}
+    for package in ("torch", "pytorch_lightning", "lightning", "rfdetr"):
+        if versions_a.get(package) != versions_b.get(package):
+            unfair.append(f"{package}: {versions_a.get(package)} -> {versions_b.get(package)}")
+    changed = [
+        f"{name}: {setup_a.get(key)} -> {setup_b.get(key)}"
+        for key, name in _CHANGE_KEYS
+        if setup_a.get(key) != setup_b.get(key)
+    ]
+    return unfair, changed
+
+
+def _primary(summary: dict[str, Any]) -> str | None:
+    verdicts = summary.get(schema.SUMMARY_VERDICTS) or []
+    return verdicts[0]["kind"] if verdicts else None
+
+
+# traceml's own cost above this share of a step is worth a warning: it may move the result.
+OWN_COST_WARN = 0.01
+
+
+def own_cost_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    for summary in (*side_a, *side_b):
+        measured = resources.own_cost(summary)
+        if measured is not None and measured[1] > OWN_COST_WARN:
+            notes.append(
+                f"traceml's own cost in {summary.get(schema.RUN)} is {measured[0]:.0f} us per "
+                f"step, {measured[1] * 100:.1f}% of step time (over {OWN_COST_WARN:.0%}): "
+                "changes of that size may be traceml's, not the training's"
+            )
+    return notes
+
+
+# Verdicts that name a problem (a change away from one is news).
+_PROBLEMS = frozenset(
+    {
+        schema.VERDICT_INPUT_BOUND,
+        schema.VERDICT_H2D_BOUND,
+        schema.VERDICT_OPTIMIZER_HEAVY,
+        schema.VERDICT_RESIDUAL_HEAVY,
+        schema.VERDICT_STRAGGLER,
+        schema.VERDICT_COMM_BOUND,
+        schema.VERDICT_MEMORY_PRESSURE,
+    }
+)
+
+
+def diagnosis_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    kind_a, kind_b = _primary(a), _primary(b)
+    if kind_a is None or kind_b is None:
+        message = "no diagnosis in one of the summaries"
+    elif kind_a == kind_b:
+        message = f"{label(kind_a)} in both runs"
+    else:
+        message = f"{label(kind_a)} -> {label(kind_b)}"
+        if kind_a in _PROBLEMS:
+            message += f": the {label(kind_a).lower()} problem is gone"
+            if kind_a == schema.VERDICT_INPUT_BOUND:
+                message += " (the input fix worked)"
+    return {"a": kind_a, "b": kind_b, "changed": kind_a != kind_b, "message": message}
+
+
+def imbalance_ratio(summary: dict[str, Any]) -> float | None:
+    fields = (summary.get(schema.SUMMARY_IMBALANCE) or {}).get(schema.IMBALANCE_FIELDS) or {}
+    entry = fields.get(schema.OWN_MS) or fields.get(schema.STEP)
+    return entry.get("max_over_others") if entry else None
+
+
+def _memory(summary: dict[str, Any]) -> tuple[str, float | None]:
+    overall = summary.get(schema.SUMMARY_OVERALL) or {}
+    reserved = overall.get(schema.PEAK_RESERVED)
+    if reserved is not None:
+        return "device peak reserved", reserved
+    return "peak RSS", overall.get(schema.PEAK_RSS)
+
+
+def side_memory(side: list[dict[str, Any]]) -> tuple[str, float | None]:
+    """The median over a side's runs (one odd run's allocator growth is not the change)."""
+    measured = [_memory(s) for s in side]
+    name = measured[0][0]
+    values = sorted(v for n, v in measured if n == name and v is not None)
+    return name, stats.quantile_sorted(values, 0.5) if values else None
+
+
+# Differences that make the timing itself incomparable: INCONCLUSIVE unless accepted.
+_BLOCKING_KEYS = (
+    (schema.WORLD_SIZE, "world sizes"),
+    ("device", "devices and clocks"),
+    ("device_name", "device models"),
+    (schema.TIMING, "timing methods (host clock vs CUDA events)"),
+)
+
+
+def _setup_value(summary: dict[str, Any], key: str) -> Any:
+    if key == schema.WORLD_SIZE:
+        return summary.get(schema.WORLD_SIZE)
+    return (summary.get(schema.SUMMARY_SETUP) or {}).get(key)
+
+
+def blocking_differences(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -> list[str]:
+    found = []
+    for key, name in _BLOCKING_KEYS:
+        values_a = [_setup_value(s, key) for s in side_a]
+        values_b = [_setup_value(s, key) for s in side_b]
+        for side, values in (("A", values_a), ("B", values_b)):
+            if len(set(map(repr, values))) > 1:
+                found.append(f"the {side} runs differ in {name} ({listing(values)})")
+        if values_a[0] != values_b[0]:
+            found.append(f"different {name} ({values_a[0]} vs {values_b[0]})")
+    return found
+
+
+def listing(values: list[Any]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def memory_comparison(
+    side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]
+) -> tuple[dict[str, Any], float | None]:
+    """Peak memory A vs B (each side's median run), and its relative change (None: unmeasured)."""
+    memory_name, memory_a = side_memory(side_a)
+    _name_b, memory_b = side_memory(side_b)
+    memory_change = (memory_b - memory_a) / memory_a if memory_a and memory_b is not None else None
+    shown = {
+        "measure": memory_name,
+        "a_bytes": memory_a,
+        "b_bytes": memory_b,
+        "change_pct": None if memory_change is None else memory_change * 100,
+    }
+    return shown, memory_change

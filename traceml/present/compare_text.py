@@ -1,0 +1,169 @@
+"""The text of ``traceml compare``: a header, the verdict, setup differences, the table of
+phases, and the footer (imbalance, memory, resources, input pipeline, notes, method)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from traceml.analysis import input_pipeline, resources
+from traceml.analysis.compare_estimate import CI_LABEL, INCONCLUSIVE, MIXED
+from traceml.analysis.compare_rules import format_interval, format_pct
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _side_title(runs: list[dict[str, Any]]) -> str:
+    if len(runs) == 1:
+        return str(runs[0]["run"])
+    names = [str(r["run"]) for r in runs]
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{len(runs)} runs ({shown})"
+
+
+def _side_steps(runs: list[dict[str, Any]]) -> str:
+    steps = [r["job_steps"] for r in runs if r["job_steps"] is not None]
+    ess = [r["ess"] for r in runs if r["ess"] is not None]
+    text = (
+        "-"
+        if not steps
+        else str(min(steps)) + (f"-{max(steps)}" if max(steps) > min(steps) else "")
+    )
+    if ess:
+        low, high = round(min(ess)), round(max(ess))
+        text += f" (ESS {low}" + (f"-{high}" if high > low else "") + ")"
+    return text
+
+
+def render_comparison(result: dict[str, Any]) -> str:
+    lines = [
+        *_header_lines(result),
+        "",
+        *_verdict_lines(result),
+        "",
+        *_setup_lines(result),
+        "",
+        *_table_lines(result),
+        "",
+        *_footer_lines(result),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(result: dict[str, Any]) -> list[str]:
+    runs_a, runs_b = result["a_runs"], result["b_runs"]
+    lines = [
+        f"traceml compare: A = {_side_title(runs_a)}  vs  B = {_side_title(runs_b)}",
+        f"Job steps per run: A {_side_steps(runs_a)}, B {_side_steps(runs_b)}",
+    ]
+    noise = result["noise"]
+    drift = noise["within_run_drift_pct"]
+    if noise["run_to_run"] == "unknown":
+        lines.append(
+            f"Run-to-run noise: unknown (one run a side); noise floor {noise['noise_floor_pct']:g}%"
+            + (f", largest within-run drift {drift:.1f}%" if drift is not None else "")
+        )
+    else:
+        cv = noise["run_to_run_cv_pct"]
+        lines.append(
+            f"Run-to-run noise: {len(runs_a)} + {len(runs_b)} runs, spread of run means "
+            + ("-" if cv is None else f"{cv:.1f}%")
+        )
+    return lines
+
+
+def _verdict_lines(result: dict[str, Any]) -> list[str]:
+    step = result["step"]
+    verdict = result["verdict"]
+    ci = step.get("ci_change_pct")
+    lines = []
+    if verdict == INCONCLUSIVE:
+        detail = ""
+        if step.get("change_pct") is not None:
+            detail = f": step time {format_pct(step['change_pct'])}" + (
+                f", {CI_LABEL} {format_interval(ci)}" if ci else ""
+            )
+        lines.append(f"Verdict: INCONCLUSIVE{detail}")
+        lines.extend(f"  - {reason}" for reason in result["inconclusive_reasons"])
+    else:
+        ci_text = f", {CI_LABEL} {format_interval(ci)}" if ci else ""
+        lines.append(
+            f"Verdict: {verdict}: step time {format_pct(step.get('change_pct'))} "
+            f"({_fmt_ms(step.get('a_mean_ms'))} ms -> {_fmt_ms(step.get('b_mean_ms'))} ms "
+            f"mean{ci_text})"
+        )
+        if verdict == MIXED:
+            memory = result["memory"]
+            lines.append(f"  but {memory['measure']} changed {format_pct(memory['change_pct'])}")
+    lines.append(f"Diagnosis: {result['diagnosis']['message']}")
+    moved = result["phases_that_moved"]
+    lines.append("Phases that moved: " + (", ".join(moved) if moved else "none significantly"))
+    return lines
+
+
+def _setup_lines(result: dict[str, Any]) -> list[str]:
+    lines = []
+    if result["setup_differences"]:
+        lines.append("Setup differences (may make this comparison unfair):")
+        lines.extend(f"  - {item}" for item in result["setup_differences"])
+    else:
+        lines.append("Setup differences: none")
+    if result["changes"]:
+        lines.append("Changed between the runs: " + "; ".join(result["changes"]))
+    return lines
+
+
+def _table_lines(result: dict[str, Any]) -> list[str]:
+    lines = [
+        "  Mean per job step (ms)",
+        f"  {'Phase':<12}{'A':>9}{'B':>9}{'delta':>9}{'change':>9}"
+        f"{CI_LABEL + ' of change':>20}  result",
+    ]
+    for entry in result["fields"].values():
+        ci = entry.get("ci_change_pct")
+        ci_text = format_interval(ci) if ci else "-"
+        status = entry["status"]
+        if entry.get("hidden_by"):
+            status = f"hidden: {entry['hidden_by']}"
+        lines.append(
+            f"  {entry['label']:<12}{_fmt_ms(entry.get('a_mean_ms')):>9}"
+            f"{_fmt_ms(entry.get('b_mean_ms')):>9}{_fmt_ms(entry.get('delta_ms')):>9}"
+            f"{format_pct(entry.get('change_pct')):>9}{ci_text:>20}  {status}"
+        )
+    return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _footer_lines(result: dict[str, Any]) -> list[str]:
+    lines = []
+    imbalance = result["imbalance"]
+    if imbalance["a"] is not None or imbalance["b"] is not None:
+        lines.append(
+            "Rank imbalance (slowest rank / the others' median): "
+            f"{_ratio(imbalance['a'])} -> {_ratio(imbalance['b'])}"
+        )
+    memory = result["memory"]
+    if memory["a_bytes"] is not None and memory["b_bytes"] is not None:
+        lines.append(
+            f"Memory ({memory['measure']}): {memory['a_bytes'] / 2**20:.0f} MiB -> "
+            f"{memory['b_bytes'] / 2**20:.0f} MiB ({format_pct(memory['change_pct'])})"
+        )
+    lines.extend(resources.delta_lines(result.get("resources") or {}))
+    lines.extend(input_pipeline.comparison_lines(result.get("input_pipeline")))
+    lines.extend(f"Note: {note}" for note in result["notes"])
+    # One line in the JSON; wrapped here so the text stays 100 columns wide.
+    lines.extend(
+        textwrap.wrap(
+            f"Method: {result['method']}.", 100, subsequent_indent="  ", break_on_hyphens=False
+        )
+    )
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# Command
