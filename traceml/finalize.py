@@ -19,7 +19,8 @@ from traceml.analysis.diagnose import diagnose
 from traceml.analysis.reduce import list_rank_files, reduce_run
 from traceml.errors import OutputError
 from traceml.files import write_atomically
-from traceml.present.report import render_html, render_text
+from traceml.present.report import render_text
+from traceml.present.report_html import render_html
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 

@@ -6,7 +6,8 @@ import pytest
 
 from traceml import schema
 from traceml.finalize import summarise
-from traceml.present.report import render_html, render_text
+from traceml.present.report import render_text
+from traceml.present.report_html import render_html
 
 from rankfiles import synthetic_run
 

@@ -10,7 +10,7 @@ from typing import Any
 from traceml import schema
 from traceml.analysis.diagnose import diagnose
 from traceml.analysis.reduce import read_rank_file, reduce_run
-from traceml.present import report
+from traceml.present import report, report_html
 
 from rankfiles import footer, header, step, write_rank
 
@@ -90,7 +90,7 @@ def test_cuda_device_memory_creep_and_idle_device(tmp_path: Path) -> None:
     text = report.render_text(summary)
     assert "MEMORY-CREEP" in text
     assert "Memory" in text
-    html = report.render_html(summary)
+    html = report_html.render_html(summary)
     assert "memory over steps" in html.lower()
 
 
@@ -161,7 +161,7 @@ def test_memory_imbalance_and_files_without_samples(tmp_path: Path) -> None:
     assert telemetry["samples"] == 0 and telemetry[schema.HOST_CPU] is None
     assert schema.VERDICT_MEMORY_CREEP not in kinds(summary)
     report.render_text(summary)
-    report.render_html(summary)
+    report_html.render_html(summary)
 
 
 def test_reader_keeps_samples_on_the_fast_path(tmp_path: Path) -> None:

@@ -1,20 +1,17 @@
 """Summary -> the text a user reads (final_summary.txt, the terminal) and report.html. Pure.
 
 Text fits 100 columns: the verdict first, then the phase table, per-rank rows when there is
-more than one rank, then notes. The HTML page is self-contained (inline CSS and SVG, no script,
-no network) with a per-rank timeline of step time stacked by phase.
+more than one rank, then notes. The HTML page is :mod:`traceml.present.report_html`.
 """
 
 from __future__ import annotations
 
-import html
 import textwrap
 from typing import Any
 
 from traceml import schema
 from traceml.analysis import resources
 from traceml.analysis.diagnose import label, noise_caveat
-from traceml.present.report_resources import html_section as resource_html
 from traceml.present.report_resources import text_lines as resource_lines
 
 WIDTH = 100
@@ -22,7 +19,7 @@ WIDTH = 100
 MISSING_ROWS = 8
 
 
-def _ms(value: float | None, width: int = 9) -> str:
+def format_ms(value: float | None, width: int = 9) -> str:
     if value is None:
         return "-".rjust(width)
     if value >= 1000:
@@ -32,7 +29,7 @@ def _ms(value: float | None, width: int = 9) -> str:
     return f"{value:.2f}".rjust(width)
 
 
-def _share(value: float | None, width: int = 7) -> str:
+def format_share(value: float | None, width: int = 7) -> str:
     return ("-" if value is None else f"{value * 100:.1f}%").rjust(width)
 
 
@@ -80,7 +77,7 @@ def for_terminal(text: str) -> str:
 
 def render_text(summary: dict[str, Any]) -> str:
     lines: list[str] = [*_wrap(headline(summary), ""), ""]
-    sections = (_verdict_lines, _phase_lines, _input_lines, _rank_section, resource_lines)
+    sections = (_verdict_lines, _phase_lines, input_lines, _rank_section, resource_lines)
     for section in (*sections, _note_lines):
         block = section(summary)
         if block:
@@ -89,7 +86,7 @@ def render_text(summary: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def _input_lines(summary: dict[str, Any]) -> list[str]:
+def input_lines(summary: dict[str, Any]) -> list[str]:
     """The input pipeline's breakdown (traceml/analysis/input_pipeline.py), when it was timed."""
     breakdown = summary.get(schema.SUMMARY_INPUT_PIPELINE)
     if not isinstance(breakdown, dict):
@@ -173,8 +170,8 @@ def _phase_row(
     share = 1.0 if fieldname == schema.STEP else shares.get(fieldname)
     row = f"  {schema.PHASE_LABELS[fieldname]:<12}"
     if described:
-        row += "".join(_ms(described[k]) for k in ("mean", "median", "p90", "max"))
-        row += _share(share, 8)
+        row += "".join(format_ms(described[k]) for k in ("mean", "median", "p90", "max"))
+        row += format_share(share, 8)
     else:
         row += "  not measured".ljust(44)
     if has_gpu:
@@ -183,7 +180,7 @@ def _phase_row(
         gpu_share = shares.get(gpu_field) if gpu_field else None
         if fieldname == schema.STEP and gpu:
             gpu_share = 1.0
-        row += _ms(gpu["mean"] if gpu else None) + _share(gpu_share, 10)
+        row += format_ms(gpu["mean"] if gpu else None) + format_share(gpu_share, 10)
     return row.rstrip()
 
 
@@ -211,15 +208,15 @@ def _comm_lines(phase_stats: dict[str, Any], shares: dict[str, Any]) -> list[str
         return []
     row = (
         f"  {'Comm wait':<12}"
-        + _ms(comm["mean"])
-        + _ms(comm["median"])
-        + _ms(comm["p90"])
-        + _ms(comm["max"])
-        + _share(shares.get(schema.COMM_SHARE), 8)
+        + format_ms(comm["mean"])
+        + format_ms(comm["median"])
+        + format_ms(comm["p90"])
+        + format_ms(comm["max"])
+        + format_share(shares.get(schema.COMM_SHARE), 8)
     )
     gpu = phase_stats.get(schema.GPU_COMM)
     if gpu:
-        row += _ms(gpu["mean"]) + _share(shares.get(schema.GPU_COMM_SHARE), 10)
+        row += format_ms(gpu["mean"]) + format_share(shares.get(schema.GPU_COMM_SHARE), 10)
     where = [
         f"{schema.PHASE_LABELS[phase]} {(phase_stats.get(fieldname) or {}).get('mean', 0.0):.1f}"
         for phase, fieldname in schema.COMM_OF_PHASE.items()
@@ -322,9 +319,9 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
         row += f"{entry.get(schema.SUMMARY_STEPS_ANALYSED, 0):>6}"
         for fieldname in columns:
             described = stats.get(fieldname)
-            row += _ms(described["median"] if described else None, width)
+            row += format_ms(described["median"] if described else None, width)
         if with_comm:
-            row += _share((entry.get(schema.SHARES) or {}).get(schema.COMM_SHARE), width)
+            row += format_share((entry.get(schema.SHARES) or {}).get(schema.COMM_SHARE), width)
         status = entry.get(schema.STATUS) or "no footer"
         if slowest == entry[schema.RANK] and len(entries) > 1:
             status += " (slowest)"
@@ -343,198 +340,3 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
             )
         )
     return lines
-
-
-# ----------------------------------------------------------------------------------------------
-# HTML
-
-_COLORS = {
-    schema.INPUT_WAIT: "#e4572e",
-    schema.H2D: "#f3a712",
-    schema.FORWARD: "#29335c",
-    schema.BACKWARD: "#4f6d7a",
-    schema.OPTIMIZER: "#669bbc",
-    schema.RESIDUAL: "#a8c686",
-}
-
-
-def render_html(summary: dict[str, Any]) -> str:
-    esc = html.escape
-    verdicts = summary.get(schema.SUMMARY_VERDICTS) or []
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>traceml: {esc(str(summary.get(schema.RUN)))}</title>",
-        "<style>",
-        "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}",
-        ".verdict{border-left:6px solid #888;padding:.5em 1em;margin:1em 0;background:#f6f6f6}",
-        ".critical{border-color:#c0392b}.warn{border-color:#e67e22}.info{border-color:#2980b9}",
-        "table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:right}",
-        "th:first-child,td:first-child{text-align:left}tr:nth-child(even){background:#f4f4f4}",
-        ".legend span{display:inline-block;margin-right:1em}",
-        ".swatch{display:inline-block;width:.9em;height:.9em;margin-right:.3em;"
-        "vertical-align:middle}",
-        "pre{background:#f6f6f6;padding:1em;overflow:auto}",
-        "</style></head><body>",
-        f"<h1>traceml: {esc(str(summary.get(schema.RUN)))}</h1>",
-        f"<p>{esc(headline(summary))}</p>",
-    ]
-    for index, verdict in enumerate(verdicts):
-        tag = "h2" if index == 0 else "h3"
-        parts.append(
-            f'<div class="verdict {esc(verdict["severity"])}"><{tag}>'
-            f"{esc(label(verdict['kind']))} ({esc(verdict['severity'])})</{tag}>"
-            f"<p><b>Why:</b> {esc(verdict['why'])}</p>"
-            f"<p><b>Next:</b> {esc(verdict['next'])}</p></div>"
-        )
-    parts.append(_html_table(summary))
-    parts.append(_input_html(summary))
-    parts.append(_html_rank_table(summary))
-    parts.append("<h2>Step time per rank, stacked by phase</h2>")
-    parts.append(
-        '<p class="legend">'
-        + "".join(
-            f'<span><i class="swatch" style="background:{color}"></i>'
-            f"{esc(schema.PHASE_LABELS[phase])}</span>"
-            for phase, color in _COLORS.items()
-        )
-        + "</p>"
-    )
-    ranks = summary.get(schema.SUMMARY_RANKS) or []
-    # One scale for every rank, so a slow rank looks slow.
-    tallest = max(
-        (
-            b.get(schema.STEP) or 0.0
-            for e in ranks
-            for b in (e.get(schema.TIMELINE) or {}).get("bins", [])
-        ),
-        default=0.0,
-    )
-    for entry in ranks:
-        parts.append(_timeline_svg(entry, tallest or 1.0))
-    parts.append(resource_html(summary))
-    notes = summary.get(schema.SUMMARY_NOTES) or []
-    if notes:
-        parts.append("<h2>Notes</h2><ul>")
-        parts.extend(f"<li>{esc(note)}</li>" for note in notes)
-        parts.append("</ul>")
-    parts.append("<h2>Report text</h2><pre>" + esc(render_text(summary)) + "</pre>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-def _input_html(summary: dict[str, Any]) -> str:
-    """The input pipeline's breakdown as a section of report.html (empty when not timed)."""
-    lines = _input_lines(summary)
-    if not lines:
-        return ""
-    items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
-    return f"<h2>{html.escape(lines[0])}</h2><ul>{items}</ul>"
-
-
-def _html_table(summary: dict[str, Any]) -> str:
-    overall = summary.get(schema.SUMMARY_OVERALL) or {}
-    phase_stats = overall.get(schema.PHASE_STATS) or {}
-    shares = overall.get(schema.SHARES) or {}
-    rows = [
-        "<table><tr><th>Phase</th><th>mean ms</th><th>median ms</th><th>p90 ms</th>"
-        "<th>max ms</th><th>share</th></tr>"
-    ]
-    for fieldname in schema.TIMED_FIELDS:
-        described = phase_stats.get(fieldname)
-        share = 1.0 if fieldname == schema.STEP else shares.get(fieldname)
-        cells = (
-            [_ms(described[k]).strip() for k in ("mean", "median", "p90", "max")]
-            if described
-            else ["-"] * 4
-        )
-        rows.append(
-            f"<tr><td>{html.escape(schema.PHASE_LABELS[fieldname])}</td>"
-            + "".join(f"<td>{c}</td>" for c in cells)
-            + f"<td>{_share(share).strip()}</td></tr>"
-        )
-    comm = phase_stats.get(schema.COMM)
-    if comm:
-        # Inside the phases above (not added to them): time blocked on the other ranks.
-        rows.append(
-            '<tr><td title="time blocked waiting on other ranks, inside the phases above">'
-            "Comm wait (inside)</td>"
-            + "".join(f"<td>{_ms(comm[k]).strip()}</td>" for k in ("mean", "median", "p90", "max"))
-            + f"<td>{_share(shares.get(schema.COMM_SHARE)).strip()}</td></tr>"
-        )
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def _html_rank_table(summary: dict[str, Any]) -> str:
-    entries = summary.get(schema.SUMMARY_RANKS) or []
-    if len(entries) < 2:
-        return ""
-    slowest = (summary.get(schema.SUMMARY_IMBALANCE) or {}).get(schema.SLOWEST_RANK)
-    fields = [schema.STEP, schema.COMM, schema.OWN_MS]
-    rows = [
-        "<h2>Per rank</h2><table><tr><th>Rank</th><th>median step ms</th>"
-        "<th>median comm wait ms</th><th>median own ms</th><th>comm share</th><th>status</th></tr>"
-    ]
-    for entry in entries:
-        stats = entry.get(schema.PHASE_STATS) or {}
-        cells = [_ms((stats.get(f) or {}).get("median")).strip() for f in fields]
-        share = _share((entry.get(schema.SHARES) or {}).get(schema.COMM_SHARE)).strip()
-        status = str(entry.get(schema.STATUS) or "no footer")
-        if entry.get(schema.RANK) == slowest:
-            status += " (slowest)"
-        rows.append(
-            f"<tr><td>{html.escape(str(entry.get(schema.RANK)))}</td>"
-            + "".join(f"<td>{c}</td>" for c in cells)
-            + f"<td>{share}</td><td>{html.escape(status)}</td></tr>"
-        )
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def _timeline_svg(entry: dict[str, Any], tallest: float) -> str:
-    timeline = entry.get(schema.TIMELINE) or {}
-    bins = timeline.get("bins") or []
-    rank = entry.get(schema.RANK)
-    if not bins:
-        return f"<p>Rank {rank}: no steps recorded.</p>"
-    width, height, left, bottom = 900, 180, 50, 20
-    bar = (width - left) / len(bins)
-    per_bin = timeline.get("steps_per_bin", 1)
-    warmup_bars = -(-int(timeline.get("warmup_steps", 0)) // per_bin)
-    shapes = []
-    if warmup_bars:
-        shapes.append(
-            f'<rect x="{left}" y="0" width="{warmup_bars * bar:.2f}" height="{height - bottom}" '
-            'fill="#eeeeee"><title>warm-up: not in the statistics</title></rect>'
-        )
-    for index, entry_bin in enumerate(bins):
-        y = height - bottom
-        x = left + index * bar
-        for phase in schema.PHASES:
-            value = entry_bin.get(phase)
-            if not value:
-                continue
-            h = value / tallest * (height - bottom - 10)
-            y -= h
-            shapes.append(
-                f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(bar - 0.5, 0.5):.2f}" '
-                f'height="{h:.2f}" fill="{_COLORS[phase]}"/>'
-            )
-    caption = (
-        f"Rank {rank}: {len(bins)} bars of {per_bin} step{'s' if per_bin != 1 else ''} each "
-        f"(mean per bar; grey: warm-up); scale {tallest:.1f} ms"
-    )
-    axis = (
-        f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" '
-        'stroke="#333"/>'
-        f'<text x="0" y="14" font-size="11">{tallest:.1f} ms</text>'
-        f'<text x="{left}" y="{height - 4}" font-size="11">step 0</text>'
-    )
-    return (
-        f'<figure><svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" role="img" aria-label="{html.escape(caption)}">'
-        + axis
-        + "".join(shapes)
-        + f"</svg><figcaption>{html.escape(caption)}</figcaption></figure>"
-    )

@@ -176,28 +176,9 @@ def _html_section(summary: dict[str, Any]) -> str:
         rank = entry.get(schema.RANK)
         charts = telemetry.get(schema.CHARTS) or {}
         last_step = max(0, (entry.get(schema.SUMMARY_STEPS_RECORDED) or 1) - 1)
-        memory = [(float(x), float(y)) for x, y in charts.get("memory") or []]
-        if memory:
-            basis = "allocated device memory" if charts.get("memory_basis") != "rss" else "RSS"
-            fit = (telemetry.get(schema.MEMORY_TREND) or {}).get(
-                "rss" if basis == "RSS" else "device_allocated"
-            )
-            trend = (
-                f"; trend {fit['slope_mb_per_1k_steps']:+,.1f} MB per 1,000 steps"
-                + ("" if fit.get("significant") else " (not sustained)")
-                if fit
-                else ""
-            )
-            parts.append(
-                _chart(
-                    {"memory": memory},
-                    {"memory": "#2ca02c"},
-                    last_step,
-                    max(y for _, y in memory) * 1.05,
-                    "MB",
-                    f"Rank {rank}: {basis} over steps (MB){trend}",
-                )
-            )
+        memory_chart = _memory_chart(entry, telemetry, charts, last_step)
+        if memory_chart:
+            parts.append(memory_chart)
         cpu = charts.get("cpu") or []
         if cpu:
             series = {
@@ -218,3 +199,31 @@ def _html_section(summary: dict[str, Any]) -> str:
                 )
             )
     return "\n".join(parts)
+
+
+def _memory_chart(
+    entry: dict[str, Any], telemetry: dict[str, Any], charts: dict[str, Any], last_step: int
+) -> str:
+    """One rank's memory over steps, with its trend (empty when not sampled)."""
+    rank = entry.get(schema.RANK)
+    memory = [(float(x), float(y)) for x, y in charts.get("memory") or []]
+    if not memory:
+        return ""
+    basis = "allocated device memory" if charts.get("memory_basis") != "rss" else "RSS"
+    fit = (telemetry.get(schema.MEMORY_TREND) or {}).get(
+        "rss" if basis == "RSS" else "device_allocated"
+    )
+    trend = (
+        f"; trend {fit['slope_mb_per_1k_steps']:+,.1f} MB per 1,000 steps"
+        + ("" if fit.get("significant") else " (not sustained)")
+        if fit
+        else ""
+    )
+    return _chart(
+        {"memory": memory},
+        {"memory": "#2ca02c"},
+        last_step,
+        max(y for _, y in memory) * 1.05,
+        "MB",
+        f"Rank {rank}: {basis} over steps (MB){trend}",
+    )

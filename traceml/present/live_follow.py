@@ -1,0 +1,232 @@
+"""Reading a run directory while it is written: one rank file (:class:`RankTail`: offsets,
+only appended bytes, a partly written last line kept for the next read), then the whole run
+(:class:`RunFollower`: rank files that appear late, a rank that died, the launcher's end)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceml import schema
+from traceml.analysis.reduce import list_rank_files, parse_lines
+from traceml.present.live_settings import DEFAULT_WINDOW
+
+# A rank file whose backlog is larger than this is not read whole: the reader takes the head
+# (header, first step) and the last _TAIL_BYTES, which hold far more lines than a window (a
+# step line is ~0.6 KB), so catching up on a day-old run costs the same as on a new one.
+_TAIL_BYTES = 512 * 1024
+_HEAD_BYTES = 64 * 1024
+# A "line" this long without a newline is not a record being written: drop it.
+_MAX_PENDING = 1024 * 1024
+# A rank file that has not grown for this long, whose process is gone, is a dead rank.
+_DEAD_AFTER_S = 5.0
+
+
+@dataclass
+class RankTail:
+    """What has been read of one rank file so far, and its most recent steps."""
+
+    rank: int
+    path: Path
+    window: int = DEFAULT_WINDOW
+    offset: int = 0  # bytes of the file consumed (up to the end of the last complete line)
+    pending: bytes = b""  # the start of a line whose newline has not been written yet
+    header: dict[str, Any] | None = None
+    footer: dict[str, Any] | None = None
+    steps: int = 0  # steps the rank has recorded (from the records' own step index)
+    first_t_ms: float | None = None  # start of the rank's first step, on its own clock
+    last_end_ms: float | None = None  # end of its latest step
+    bad_lines: int = 0
+    recent: deque[dict[str, Any]] = field(default_factory=deque)
+    grown_at: float | None = None  # monotonic time the file last grew (set by the follower)
+    dead: bool = False  # its process is gone and it never wrote a footer
+
+    def __post_init__(self) -> None:
+        self.recent = deque(self.recent, maxlen=self.window)
+
+    @property
+    def closed(self) -> bool:
+        return self.footer is not None
+
+    def feed(self, data: bytes) -> int:
+        """Consume appended bytes; returns how many complete records they finished."""
+        if not data:
+            return 0
+        data = self.pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.pending = data if len(data) <= _MAX_PENDING else b""
+            if len(data) > _MAX_PENDING:
+                self.bad_lines += 1
+            return 0
+        self.pending = data[cut + 1 :]
+        lines = [line for line in data[:cut].split(b"\n") if line.strip()]
+        for record in parse_lines(lines):
+            if record is None:
+                self.bad_lines += 1
+            else:
+                self._take(record)
+        return len(lines)
+
+    def _take(self, record: dict[str, Any]) -> None:
+        kind = record.get(schema.KIND)
+        if kind == schema.KIND_STEP:
+            index = record.get(schema.STEP_INDEX)
+            self.steps = index + 1 if isinstance(index, int) else self.steps + 1
+            start = record.get(schema.T_START_MS)
+            if isinstance(start, (int, float)):
+                if self.first_t_ms is None:
+                    self.first_t_ms = float(start)
+                self.last_end_ms = float(start) + float(record.get(schema.STEP) or 0.0)
+            self.recent.append(record)
+        elif kind == schema.KIND_HEADER and self.header is None:
+            self.header = record
+        elif kind == schema.KIND_FOOTER:
+            self.footer = record
+
+
+class RunFollower:
+    """Follows every ``ranks/rank_<R>.jsonl`` of a run directory, reading only what was appended.
+
+    ``poll()`` costs a directory listing plus one ``stat`` per rank, and reads only new bytes
+    (at most a head and a tail of a large backlog); memory is the window per rank.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        window: int = DEFAULT_WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+        is_process_gone: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.window = window
+        self.ranks: dict[int, RankTail] = {}
+        self.bytes_read = 0
+        self._clock = clock
+        self._is_process_gone = is_process_gone or process_gone
+        self._manifest_mtime: float | None = None
+        self.launcher_ended = False
+
+    def poll(self) -> bool:
+        """Read what the ranks appended since the last poll. Returns whether anything changed."""
+        changed = False
+        now = self._clock()
+        for rank, path in list_rank_files(self.run_dir).items():
+            tail = self.ranks.get(rank)
+            if tail is None:
+                tail = self.ranks[rank] = RankTail(rank=rank, path=path, window=self.window)
+                tail.grown_at = now
+                changed = True
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                continue
+            if size > tail.offset:
+                changed = self._read(tail, size) or changed
+                tail.grown_at = now
+            elif self._has_died(tail, now):
+                tail.dead = True
+                changed = True
+        changed = self._check_manifest() or changed
+        return changed
+
+    def _has_died(self, tail: RankTail, now: float) -> bool:
+        """No footer, no growth for a while, and its process is gone (checked only then)."""
+        if tail.closed or tail.dead or tail.header is None:
+            return False
+        if now - (tail.grown_at or now) < _DEAD_AFTER_S:
+            return False
+        return self._is_process_gone(tail.header)
+
+    def _read(self, tail: RankTail, size: int) -> bool:
+        try:
+            with open(tail.path, "rb") as handle:
+                backlog = size - tail.offset
+                if tail.offset == 0 and backlog > _HEAD_BYTES + 2 * _TAIL_BYTES:
+                    # The header and the first step (the start of the rank's clock) are at the
+                    # head; the rest of a long backlog is older than any window.
+                    head = handle.read(_HEAD_BYTES)
+                    self.bytes_read += len(head)
+                    tail.feed(head[: head.rfind(b"\n") + 1])
+                    tail.offset = _HEAD_BYTES
+                    backlog = size - tail.offset
+                if backlog > 2 * _TAIL_BYTES:
+                    handle.seek(size - _TAIL_BYTES)
+                    data = handle.read(_TAIL_BYTES)
+                    # The jump lands mid-line: everything up to the first newline is a fragment.
+                    data = data[data.find(b"\n") + 1 :]
+                    tail.pending = b""
+                    tail.offset = size
+                    self.bytes_read += _TAIL_BYTES
+                else:
+                    handle.seek(tail.offset)
+                    data = handle.read(backlog)
+                    tail.offset += len(data)
+                    self.bytes_read += len(data)
+        except OSError:
+            return False
+        tail.feed(data)
+        return True
+
+    def _check_manifest(self) -> bool:
+        """``traceml run`` records its end in manifest.json: then no rank will write more."""
+        path = self.run_dir / schema.MANIFEST_JSON
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return False
+        if mtime == self._manifest_mtime:
+            return False
+        self._manifest_mtime = mtime
+        try:
+            manifest = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return False
+        ended = isinstance(manifest, dict) and manifest.get("ended_at") is not None
+        changed = ended and not self.launcher_ended
+        self.launcher_ended = self.launcher_ended or ended
+        return changed
+
+    def world_size(self) -> int | None:
+        sizes = [
+            tail.header.get(schema.WORLD_SIZE)
+            for tail in self.ranks.values()
+            if tail.header is not None and isinstance(tail.header.get(schema.WORLD_SIZE), int)
+        ]
+        return max(sizes) if sizes else None
+
+    def finished(self, world_size: int | None = None) -> bool:
+        """Every expected rank has closed its file (or died), or the launcher has ended."""
+        if self.launcher_ended:
+            return True
+        size = world_size or self.world_size()
+        if not size:
+            return False
+        return all(
+            rank in self.ranks and (self.ranks[rank].closed or self.ranks[rank].dead)
+            for rank in range(size)
+        )
+
+
+def process_gone(header: dict[str, Any]) -> bool:
+    """Whether the process that wrote ``header`` has exited (only knowable on its own host)."""
+    pid = header.get(schema.PID)
+    if not isinstance(pid, int) or header.get(schema.HOST) != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
