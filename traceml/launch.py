@@ -105,36 +105,11 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     run_dir = settings.run_dir
     is_node_zero = args.node_rank == 0
     if is_node_zero:
-        if run_dir.exists():
-            raise LaunchError(f"run directory {run_dir} already exists; choose another --run-name")
-        try:
-            (run_dir / schema.RANKS_DIR).mkdir(parents=True)
-        except OSError as exc:
-            raise LaunchError(f"cannot create {run_dir}: {exc.strerror or exc}") from None
-
+        _create_run_dir(run_dir)
     command = build_child_command(args)
     env = dict(os.environ)
     env.update(settings_to_env(settings))
-    manifest: dict[str, Any] = {
-        schema.SCHEMA: schema.MANIFEST_SCHEMA,
-        "run": settings.run_name,
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
-        "child_command": command,
-        "cwd": os.getcwd(),
-        "started_at": _utc_now(),
-        "ended_at": None,
-        "exit_code": None,
-        "signal": None,
-        "versions": package_versions(),
-        "topology": {
-            "nnodes": args.nnodes,
-            "nproc_per_node": args.nproc_per_node,
-            "node_rank": args.node_rank,
-            "world_size": args.nnodes * args.nproc_per_node,
-            "master_addr": args.master_addr,
-            "master_port": args.master_port,
-        },
-    }
+    manifest = _start_manifest(args, settings, command)
     if is_node_zero:
         _write_manifest(run_dir, manifest)
 
@@ -161,6 +136,41 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     _write_manifest(run_dir, manifest)
     exit_code = _report(args, settings, returncode, received, exit_code)
     return exit_code
+
+
+def _create_run_dir(run_dir: Path) -> None:
+    if run_dir.exists():
+        raise LaunchError(f"run directory {run_dir} already exists; choose another --run-name")
+    try:
+        (run_dir / schema.RANKS_DIR).mkdir(parents=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot create {run_dir}: {exc.strerror or exc}") from None
+
+
+def _start_manifest(
+    args: argparse.Namespace, settings: Settings, command: list[str]
+) -> dict[str, Any]:
+    """manifest.json as the run starts: what ran, where, on which topology; the end to come."""
+    return {
+        schema.SCHEMA: schema.MANIFEST_SCHEMA,
+        "run": settings.run_name,
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "child_command": command,
+        "cwd": os.getcwd(),
+        "started_at": _utc_now(),
+        "ended_at": None,
+        "exit_code": None,
+        "signal": None,
+        "versions": package_versions(),
+        "topology": {
+            "nnodes": args.nnodes,
+            "nproc_per_node": args.nproc_per_node,
+            "node_rank": args.node_rank,
+            "world_size": args.nnodes * args.nproc_per_node,
+            "master_addr": args.master_addr,
+            "master_port": args.master_port,
+        },
+    }
 
 
 def live_timing(args: argparse.Namespace) -> tuple[float, float]:
