@@ -129,9 +129,33 @@ def advice(
         "workers_needed": needed,
         "predicted_input_wait_ms": predicted_input_wait_ms(breakdown, loop_ms, needed),
     }
+    sentences = _throughput_sentences(breakdown, evidence, part, parts, loop_ms)
+    startup = breakdown.get("worker_startup_mean_ms")
+    if startup and workers and not breakdown.get("persistent_workers"):
+        epochs = breakdown.get("epochs") or 1
+        if epochs > 1 and startup >= 2 * max(step_ms, 1e-3):
+            sentences.append(
+                f"Each epoch starts with {startup / 1000:.1f} s of worker start-up: set "
+                "persistent_workers=True."
+            )
+    if integration == "rfdetr" and part.startswith("the dataset"):
+        sentences.append(
+            "In RF-DETR the dataset's __getitem__ decodes the image and runs its transforms "
+            "(multi-scale resizing, augmentation); its on-device augmentation counts as H2D."
+        )
+    return " ".join(sentences), evidence
+
+
+def _throughput_sentences(
+    breakdown: dict[str, Any], evidence: dict[str, Any], part: str, parts: str, loop_ms: float
+) -> list[str]:
+    """Whether the workers keep up: idle workers (the wait is elsewhere), or how many would."""
+    workers = breakdown.get("num_workers") or 0
+    per_batch = breakdown["busy_ms_per_batch"]
+    needed = evidence["workers_needed"]
     cores = breakdown.get("cpu_count")
     busy = breakdown.get("worker_busy_share")
-    sentences = []
+    sentences: list[str] = []
     if workers and busy is not None and busy < IDLE_SHARE:
         sentences.append(
             f"The {_workers(workers)} {'are' if workers != 1 else 'is'} idle "
@@ -160,20 +184,7 @@ def advice(
             )
         elif part == "collate_fn":
             sentences.append("Most of each batch is collate_fn: make it cheaper.")
-    startup = breakdown.get("worker_startup_mean_ms")
-    if startup and workers and not breakdown.get("persistent_workers"):
-        epochs = breakdown.get("epochs") or 1
-        if epochs > 1 and startup >= 2 * max(step_ms, 1e-3):
-            sentences.append(
-                f"Each epoch starts with {startup / 1000:.1f} s of worker start-up: set "
-                "persistent_workers=True."
-            )
-    if integration == "rfdetr" and part.startswith("the dataset"):
-        sentences.append(
-            "In RF-DETR the dataset's __getitem__ decodes the image and runs its transforms "
-            "(multi-scale resizing, augmentation); its on-device augmentation counts as H2D."
-        )
-    return " ".join(sentences), evidence
+    return sentences
 
 
 # Figures compared between two runs (summary key, label, unit).

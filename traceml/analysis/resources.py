@@ -87,23 +87,9 @@ def rank_telemetry(
         steps, [None if v is None else v / MB for v in rss], CHART_POINTS
     )
     if on_cuda:
-        allocated = [
-            (s[schema.AT_STEP], s.get(schema.DEVICE_MEM_ALLOCATED))
-            for s in analysed
-            if type(s.get(schema.DEVICE_MEM_ALLOCATED)) is int
-        ]
-        last_allocated = allocated[-1][1] if allocated else None
-        headroom = capacity - last_allocated if capacity and last_allocated is not None else None
-        device_trend = trend.memory_trend(
-            [a[0] for a in allocated],
-            [a[1] for a in allocated],
-            headroom_bytes=headroom,
-            settle_share=SETTLE_SHARE,
-        )
-        if device_trend is not None:
-            trends["device_allocated"] = device_trend
-        if allocated:
-            memory_chart = [[step, value / MB] for step, value in allocated][-CHART_POINTS:]
+        device_chart = _device_memory_trend(analysed, capacity, trends)
+        if device_chart:
+            memory_chart = device_chart
 
     return {
         schema.MEMORY_TREND: trends,
@@ -122,6 +108,30 @@ def rank_telemetry(
         "samples": len(samples),
         "sampler_cpu_pct": _sampler_cpu_pct(samples),
     }
+
+
+def _device_memory_trend(
+    analysed: list[dict[str, Any]], capacity: Any, trends: dict[str, Any]
+) -> list[list[float]] | None:
+    """Add the allocated device memory's trend to ``trends``; its chart, None without samples."""
+    allocated = [
+        (s[schema.AT_STEP], s.get(schema.DEVICE_MEM_ALLOCATED))
+        for s in analysed
+        if type(s.get(schema.DEVICE_MEM_ALLOCATED)) is int
+    ]
+    last_allocated = allocated[-1][1] if allocated else None
+    headroom = capacity - last_allocated if capacity and last_allocated is not None else None
+    device_trend = trend.memory_trend(
+        [a[0] for a in allocated],
+        [a[1] for a in allocated],
+        headroom_bytes=headroom,
+        settle_share=SETTLE_SHARE,
+    )
+    if device_trend is not None:
+        trends["device_allocated"] = device_trend
+    if not allocated:
+        return None
+    return [[step, value / MB] for step, value in allocated][-CHART_POINTS:]
 
 
 def _host_cpu(samples: list[dict[str, Any]]) -> dict[str, Any] | None:

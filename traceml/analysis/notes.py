@@ -1,0 +1,157 @@
+"""Notes in English about what rank files say or lack (damage, events, missing ranks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceml import schema
+from traceml.analysis.rankfile import RankRecords
+
+
+def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
+    """Sentences about one rank file's gaps and events, and its trace-max-steps message."""
+    rank = data.rank
+    notes: list[str] = []
+    max_steps_message: str | None = None
+    if data.unreadable is not None:
+        return [f"rank {rank}: its file cannot be read ({data.unreadable})"], None
+    notes.extend(_damage_notes(data))
+    if data.header is None:
+        if data.step_count == 0 and not data.events and data.footer is None:
+            notes.append(f"rank {rank}: its file is empty (the process ended before training)")
+        else:
+            notes.append(f"rank {rank}: its file has no header line")
+    if data.truncated_tail:
+        notes.append(
+            f"rank {rank}: the last line was cut short (the process was probably killed); "
+            f"{data.step_count} complete steps kept"
+        )
+    if data.bad_lines:
+        notes.append(f"rank {rank}: {data.bad_lines} unreadable lines skipped")
+    for event in data.events:
+        code = event.get(schema.CODE)
+        message = event.get(schema.MESSAGE, "")
+        if code == schema.EVENT_UNSUPPORTED:
+            notes.append(f"rank {rank}: not traced: {message}; it trained natively")
+        elif code == schema.EVENT_DISABLED:
+            notes.append(
+                f"rank {rank}: tracing turned itself off after {event.get('at_step', '?')} "
+                f"steps: {message}"
+            )
+        elif code == schema.EVENT_MAX_STEPS:
+            max_steps_message = message
+        elif code in (schema.EVENT_VERSION, schema.EVENT_NOTE, schema.EVENT_BUCKET_TIMING_OFF) and (
+            message
+        ):
+            notes.append(f"rank {rank}: {message}")
+    footer = data.footer
+    if data.header is not None and footer is None:
+        notes.append(
+            f"rank {rank}: no footer: the process ended without closing its file "
+            "(killed, or still running)"
+        )
+    elif footer is not None:
+        status = footer.get(schema.STATUS)
+        error = footer.get(schema.ERROR)
+        if status == schema.STATUS_EXCEPTION:
+            notes.append(
+                f"rank {rank}: training failed after {data.step_count} steps"
+                + (f" ({error})" if error else "")
+            )
+        elif status == schema.STATUS_INTERRUPTED:
+            notes.append(
+                f"rank {rank}: training was interrupted after {data.step_count} steps"
+                + (f" ({error})" if error else "")
+            )
+    return notes, max_steps_message
+
+
+def _damage_notes(data: RankRecords) -> list[str]:
+    """Notes on what clean_records replaced, and on a header that names another rank."""
+    rank = data.rank
+    notes = []
+    if data.bad_values:
+        notes.append(
+            f"rank {rank}: {data.bad_values} step value{'s' if data.bad_values != 1 else ''} "
+            "of the wrong type or out of range (not a number, negative, huge) treated as "
+            "unmeasured"
+        )
+    if data.bad_header_fields:
+        notes.append(
+            f"rank {rank}: header field{'s' if len(data.bad_header_fields) != 1 else ''} "
+            f"{', '.join(data.bad_header_fields)} of the wrong type or out of range; ignored"
+        )
+    claimed = (data.header or {}).get(schema.RANK)
+    if claimed is not None and claimed != rank:
+        notes.append(f"rank {rank}: its header says rank {claimed}; the file name's rank is used")
+    return notes
+
+
+def dedupe_rank_notes(notes: list[str], ranks: int) -> list[str]:
+    """'rank 0: X', 'rank 1: X' ... -> 'all N ranks: X' when every rank says the same."""
+    by_text: dict[str, list[str]] = {}
+    order: list[str] = []
+    for note in notes:
+        prefix, sep, text = note.partition(": ")
+        key = text if sep and prefix.startswith("rank ") else note
+        if key not in by_text:
+            order.append(key)
+        by_text.setdefault(key, []).append(note)
+    result = []
+    for key in order:
+        group = by_text[key]
+        if ranks > 1 and len(group) == ranks and group[0] != key:
+            result.append(f"all {ranks} ranks: {key}")
+        else:
+            result.extend(group)
+    return result
+
+
+def _rank_ranges(ranks: list[int], most: int = 20) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8" (the first ``most`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return text + (f" and {len(runs) - most} more ranges" if len(runs) > most else "")
+
+
+def missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) -> str:
+    ranks = _rank_ranges(missing)
+    per_node = None
+    for header in headers.values():
+        if (
+            isinstance(header.get(schema.LOCAL_WORLD_SIZE), int)
+            and header[schema.LOCAL_WORLD_SIZE] > 0
+        ):
+            per_node = header[schema.LOCAL_WORLD_SIZE]
+            break
+    text = f"rank{'s' if len(missing) > 1 else ''} {ranks} missing: no rank file"
+    if per_node and len(missing) <= 4096:  # beyond that, a node list says nothing useful
+        nodes = sorted({r // per_node for r in missing})
+        seen_nodes = {h.get(schema.NODE_RANK) for h in headers.values()}
+        absent = [n for n in nodes if n not in seen_nodes]
+        if absent:
+            text += (
+                f" (node{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} wrote "
+                "nothing here: is the logs dir on a filesystem all nodes share?)"
+            )
+        else:
+            text += f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))})"
+    return text
+
+
+def warmup_note(recorded: int, analysed: int, ranks: int, skipped: int, warmup: int) -> str | None:
+    """The note on skipped warm-up steps (or on too few steps to skip any)."""
+    if skipped:
+        return (
+            f"skipped the first {skipped} step{'s' if skipped != 1 else ''} of each rank as "
+            "warm-up (DataLoader start-up, lazy initialisation, allocator growth); "
+            f"{analysed} of {recorded} steps analysed"
+        )
+    if recorded and recorded <= warmup * ranks:
+        return "too few steps to skip a warm-up: every recorded step is analysed"
+    return None

@@ -1,0 +1,211 @@
+"""Reading rank files: ``<run_dir>/ranks/rank_*.jsonl`` -> :class:`RankRecords` per rank.
+
+The first stage of the pipeline (read -> clean -> per-rank reduction -> run reduction ->
+diagnosis -> rendering). One rank at a time (memory is bounded by the largest rank), in chunks
+of lines; a damaged line is counted, never raised. Only a rank file of a newer schema than
+this traceml understands is an error. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceml import schema
+from traceml.errors import ReduceError
+
+# Only the spelling traceml writes: "rank_01.jsonl" next to "rank_1.jsonl" would be two files
+# for one rank.
+_RANK_FILE = re.compile(r"^rank_(0|[1-9][0-9]*)\.jsonl$")
+_ANY_RANK_FILE = re.compile(r"^rank_.*\.jsonl$")
+_CHUNK_LINES = 8192
+
+# Step fields the reducer keeps per step (the rest of a record is not needed after reading).
+_COLUMNS: tuple[str, ...] = (
+    *schema.TIMED_FIELDS,
+    *schema.GPU_FIELDS,
+    schema.GAP_MS,
+    schema.T_START_MS,
+    schema.MEM_PEAK_ALLOCATED,
+    schema.MEM_PEAK_RESERVED,
+    schema.RSS,
+    schema.MICROBATCHES,
+    *schema.COMM_FIELDS,
+    *schema.GPU_COMM_FIELDS,
+    schema.TRACEML_COST_US,
+)
+
+
+@dataclass
+class RankRecords:
+    """Everything read from one rank file."""
+
+    rank: int
+    path: Path
+    header: dict[str, Any] | None = None
+    footer: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    columns: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in _COLUMNS})
+    bad_lines: int = 0
+    truncated_tail: bool = False
+    # Set by clean_records: step values and header fields that were not what traceml writes.
+    bad_values: int = 0
+    bad_header_fields: list[str] = field(default_factory=list)
+    unreadable: str | None = None  # why the file could not be read at all
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # KIND_INPUT records
+    samples: list[dict[str, Any]] = field(default_factory=list)  # telemetry (KIND_SAMPLE)
+
+    @property
+    def step_count(self) -> int:
+        return len(self.columns[schema.STEP])
+
+
+def list_rank_files(run_dir: Path) -> dict[int, Path]:
+    """The rank files of ``run_dir`` by rank (regular files with traceml's names only)."""
+    return scan_rank_files(run_dir)[0]
+
+
+def scan_rank_files(run_dir: Path) -> tuple[dict[int, Path], list[str]]:
+    """The rank files by rank, and a note for each file that looks like one but is skipped."""
+    ranks_dir = Path(run_dir) / schema.RANKS_DIR
+    found: dict[int, Path] = {}
+    skipped: list[str] = []
+    try:
+        entries = list(ranks_dir.iterdir()) if ranks_dir.is_dir() else []
+    except OSError:
+        entries = []
+    for path in entries:
+        match = _RANK_FILE.match(path.name)
+        if match is None:
+            if _ANY_RANK_FILE.match(path.name):
+                skipped.append(f"{path.name}: not a rank file name traceml writes; skipped")
+            continue
+        rank = int(match.group(1))
+        if rank >= schema.MAX_WORLD_SIZE:
+            skipped.append(
+                f"{path.name}: rank {rank} is beyond any real job "
+                f"({schema.MAX_WORLD_SIZE} ranks at most); skipped"
+            )
+        elif not path.is_file():
+            skipped.append(f"{path.name}: not a regular file; skipped")
+        else:
+            found[rank] = path
+    return dict(sorted(found.items())), sorted(skipped)
+
+
+def parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
+    """JSON lines to dicts (None for a damaged line); one orjson call for the whole chunk in
+    the common case. Also the live view's parser."""
+    if not lines:
+        return []
+    try:
+        records = orjson.loads(b"[" + b",".join(lines) + b"]")
+        if all(type(record) is dict for record in records):
+            return records
+    except orjson.JSONDecodeError:
+        pass
+    parsed: list[dict[str, Any] | None] = []
+    for line in lines:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            record = None
+        parsed.append(record if isinstance(record, dict) else None)
+    return parsed
+
+
+def read_rank_file(path: Path, rank: int) -> RankRecords:
+    data = RankRecords(rank=rank, path=path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        data.unreadable = exc.strerror or type(exc).__name__
+        return data
+    ends_cleanly = raw.endswith(b"\n") or not raw
+    lines = [line for line in raw.split(b"\n") if line]
+    del raw
+    columns = data.columns
+    total = len(lines)
+    for start in range(0, total, _CHUNK_LINES):
+        parsed = parse_lines(lines[start : start + _CHUNK_LINES])
+        # Nearly every line is a well-formed step: take those in one pass, look at the rest.
+        steps = [
+            record
+            for record in parsed
+            if record is not None
+            and record.get(schema.KIND) == schema.KIND_STEP
+            and record.get(schema.STEP) is not None
+        ]
+        if len(steps) == len(parsed):
+            _append_columns(columns, steps)
+            continue
+        # Telemetry samples come about once a second, so most chunks hold a few: keep those
+        # chunks on the fast path too.
+        samples = [r for r in parsed if r is not None and r.get(schema.KIND) == schema.KIND_SAMPLE]
+        if samples and len(steps) + len(samples) == len(parsed):
+            _append_columns(columns, steps)
+            data.samples.extend(samples)
+            continue
+        steps = []
+        for index, record in enumerate(parsed):
+            if record is None:
+                if start + index == total - 1 and not ends_cleanly:
+                    data.truncated_tail = True
+                else:
+                    data.bad_lines += 1
+                continue
+            kind = record.get(schema.KIND)
+            if kind == schema.KIND_STEP:
+                if record.get(schema.STEP) is None:
+                    data.bad_lines += 1
+                    continue
+                steps.append(record)
+            elif kind == schema.KIND_HEADER and data.header is None:
+                _check_rank_schema(record, path)
+                data.header = record
+            elif kind == schema.KIND_EVENT:
+                data.events.append(record)
+            elif kind == schema.KIND_FOOTER:
+                data.footer = record
+            elif kind == schema.KIND_INPUT:
+                data.inputs.append({**record, schema.RANK: data.rank})
+            elif kind == schema.KIND_SAMPLE:
+                data.samples.append(record)
+        _append_columns(columns, steps)
+    return data
+
+
+_pick_columns = operator.itemgetter(*_COLUMNS)
+
+
+def _append_columns(columns: dict[str, list[Any]], steps: list[dict[str, Any]]) -> None:
+    """Transpose step records into columns (C-speed when every field is present, as traceml
+    writes them; field by field with defaults for records from other writers)."""
+    try:
+        rows = [_pick_columns(record) for record in steps]
+    except KeyError:
+        for column in _COLUMNS:
+            columns[column].extend([record.get(column) for record in steps])
+        return
+    if rows:
+        for column, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
+            columns[column].extend(values)
+
+
+def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
+    family, supported_major = schema.family_and_major(schema.RANK_SCHEMA)
+    major = schema.schema_major(header.get(schema.SCHEMA), family)
+    if major is None:
+        raise ReduceError(
+            f"{path} is not a traceml rank file (schema {header.get(schema.SCHEMA)!r})"
+        )
+    if major != supported_major:
+        raise ReduceError(
+            f"{path} has schema {header.get(schema.SCHEMA)}; this traceml reads "
+            f"{family}/{supported_major}.x (install the traceml version that wrote it)"
+        )

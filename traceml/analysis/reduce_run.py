@@ -1,0 +1,389 @@
+"""Run reduction: the ranks' parts -> the run summary dict (before diagnosis).
+
+:func:`reduce_run` is the pipeline up to here for a run directory: list the rank files, reduce
+each rank (:mod:`reduce_rank`, in worker processes with ``jobs``), then add the parts up one
+rank at a time (memory: one rank's part).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from traceml import schema
+from traceml.analysis import input_pipeline, job_series, resources, stats
+from traceml.analysis.notes import dedupe_rank_notes, missing_ranks_note, warmup_note
+from traceml.analysis.rankfile import RankRecords, scan_rank_files
+from traceml.analysis.reduce_rank import (
+    OWN_FIELDS,
+    STAT_FIELDS,
+    max_or_none,
+    shares_from_sums,
+    summarise_ranks,
+    summarise_records,
+)
+from traceml.errors import ReduceError
+from traceml.thresholds import resolve_thresholds
+
+# Fields whose whole distribution goes into the summary (what compare needs).
+_DISTRIBUTED_FIELDS = frozenset(
+    (*schema.TIMED_FIELDS, *schema.GPU_FIELDS, schema.COMM, schema.GPU_COMM)
+)
+# Fields compared across ranks (imbalance, stragglers).
+_RANK_COMPARED: tuple[str, ...] = (
+    *schema.TIMED_FIELDS,
+    schema.COMM,
+    schema.GPU_STEP,
+    schema.GPU_COMM,
+    *schema.GPU_OF_PHASE.values(),
+    *OWN_FIELDS,
+)
+
+
+def reduce_run(
+    run_dir: Path | str,
+    *,
+    thresholds: dict[str, float] | None = None,
+    now: datetime | None = None,
+    jobs: int = 1,
+) -> dict[str, Any]:
+    """Summarise a run directory. Raises :class:`ReduceError` only when nothing can be said.
+
+    ``jobs`` > 1 reduces that many rank files at once in worker processes (faster on many
+    cores; memory then holds up to ``jobs`` ranks' steps instead of one).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReduceError(f"{run_dir} is not a directory")
+    files, skipped = scan_rank_files(run_dir)
+    if not files:
+        raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
+    limits = resolve_thresholds(thresholds)
+    warmup = int(limits["warmup_steps"])
+    parts = summarise_ranks(files, warmup, jobs)
+    return _summary_from_parts(
+        parts,
+        list(files),
+        limits,
+        run_name=run_dir.name,
+        run_dir=str(run_dir.resolve()),
+        now=now,
+        notes=skipped,
+    )
+
+
+def reduce_records(
+    ranks: list[RankRecords],
+    *,
+    thresholds: dict[str, float] | None = None,
+    run_name: str = "live",
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The summary of rank records already in memory, exactly as :func:`reduce_run` builds it
+    from files (the live view reduces its recent window this way)."""
+    limits = resolve_thresholds(thresholds)
+    warmup = int(limits["warmup_steps"])
+    ordered = sorted(ranks, key=lambda data: data.rank)
+    parts = (summarise_records(data, warmup) for data in ordered)
+    return _summary_from_parts(
+        parts, [data.rank for data in ordered], limits, run_name=run_name, run_dir=None, now=now
+    )
+
+
+class _FieldTotals:
+    """One field's statistics over every rank: sketches to merge, and the exact sum, count
+    and extremes (so the mean, min and max are exact whatever the sketches drop)."""
+
+    def __init__(self) -> None:
+        self.sketches: list[stats.Sketch] = []
+        self.total = 0.0
+        self.count = 0
+        self.low = math.inf
+        self.high = -math.inf
+
+    def add(self, sketch: stats.Sketch, described: dict[str, Any]) -> None:
+        self.sketches.append(sketch)
+        self.total += described["sum"]
+        self.count += described["count"]
+        self.low = min(self.low, described["min"])
+        self.high = max(self.high, described["max"])
+
+    @property
+    def approximate(self) -> bool:
+        return any(weight != 1.0 for _values, weight in self.sketches)
+
+    def describe(self, ps: tuple[float, ...]) -> tuple[dict[str, Any], dict[float, float]]:
+        """The overall statistics entry, and the merged quantiles at ``ps`` (with 0.5, 0.9)."""
+        wanted = sorted({0.5, 0.9, *ps})
+        at = dict(zip(wanted, stats.merged_quantiles(self.sketches, wanted), strict=True))
+        described = {
+            "count": self.count,
+            "sum": self.total,
+            "mean": self.total / self.count,
+            "min": self.low,
+            "median": at[0.5],
+            "p90": at[0.9],
+            "max": self.high,
+        }
+        return described, at
+
+
+class _RunTotals:
+    """What the rank parts add up to, fed one rank at a time (memory: one rank's part)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.fields: dict[str, _FieldTotals] = {}
+        self.notes: list[str] = []
+        self.max_steps_message: str | None = None
+        self.headers: dict[int, dict[str, Any]] = {}
+        self.statuses: dict[int, str | None] = {}
+        self.series = job_series.JobSeriesAccumulator()
+        self.inputs: list[dict[str, Any]] = []
+
+    def add(self, part: dict[str, Any]) -> None:
+        entry = part["entry"]
+        rank = entry[schema.RANK]
+        self.entries.append(entry)
+        self.notes.extend(part["notes"])
+        self.max_steps_message = self.max_steps_message or part["max_steps_message"]
+        self.statuses[rank] = part["status"]
+        if part["header"] is not None:
+            self.headers[rank] = part["header"]
+        self.series.add(part.get("job_series"))
+        self.inputs.extend(part.get("inputs") or [])
+        for fieldname, sketch in part["sketches"].items():
+            totals = self.fields.setdefault(fieldname, _FieldTotals())
+            totals.add(sketch, entry[schema.PHASE_STATS][fieldname])
+
+    @property
+    def approximate(self) -> bool:
+        return any(totals.approximate for totals in self.fields.values())
+
+    def steps(self, key: str) -> int:
+        return sum(e[key] for e in self.entries)
+
+
+def _summary_from_parts(
+    parts: Iterator[dict[str, Any]],
+    found: list[int],
+    limits: dict[str, float],
+    *,
+    run_name: str,
+    run_dir: str | None,
+    now: datetime | None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    totals = _RunTotals()
+    totals.notes.extend(notes or [])
+    for part in parts:
+        totals.add(part)
+    world_size = _world_size(totals.headers, found)
+    missing = _missing_ranks(world_size, found)
+    skipped = max((e[schema.SUMMARY_WARMUP] for e in totals.entries), default=0)
+    _add_run_notes(totals, missing, skipped, int(limits["warmup_steps"]))
+    overall = _overall(totals)
+    setup = _setup(totals.headers, world_size)
+    overall[schema.SAMPLES_PER_S] = _samples_per_s(overall, setup, world_size)
+    steps_recorded = totals.steps(schema.SUMMARY_STEPS_RECORDED)
+    return {
+        schema.SCHEMA: schema.SUMMARY_SCHEMA,
+        schema.RUN: _run_name(totals.headers, run_name),
+        schema.SUMMARY_RUN_DIR: run_dir,
+        schema.SUMMARY_GENERATED_AT: (now or datetime.now(timezone.utc)).isoformat(
+            timespec="seconds"
+        ),
+        schema.SUMMARY_STATUS: _run_status(
+            totals.statuses, missing, steps_recorded, totals.headers, found
+        ),
+        schema.WORLD_SIZE: world_size,
+        schema.SUMMARY_RANKS_EXPECTED: list(range(world_size)),
+        schema.SUMMARY_RANKS_FOUND: list(found),
+        schema.SUMMARY_RANKS_MISSING: missing,
+        schema.SUMMARY_SETUP: setup,
+        schema.SUMMARY_WARMUP: skipped,
+        schema.SUMMARY_STEPS_RECORDED: steps_recorded,
+        schema.SUMMARY_STEPS_ANALYSED: totals.steps(schema.SUMMARY_STEPS_ANALYSED),
+        schema.SUMMARY_APPROXIMATE: totals.approximate,
+        schema.SUMMARY_OVERALL: overall,
+        schema.SUMMARY_RANKS: totals.entries,
+        schema.SUMMARY_IMBALANCE: _imbalance_with_memory(totals.entries),
+        schema.SUMMARY_THRESHOLDS: limits,
+        schema.SUMMARY_NOTES: dedupe_rank_notes(totals.notes, len(totals.entries)),
+        schema.SUMMARY_JOB_SERIES: totals.series.result(),
+        schema.SUMMARY_INPUT_PIPELINE: input_pipeline.summarise(totals.inputs),
+    }
+
+
+def _add_run_notes(totals: _RunTotals, missing: list[int], skipped: int, warmup: int) -> None:
+    """The run-level notes: missing ranks, the trace-max-steps message, then (first) warm-up."""
+    if missing:
+        totals.notes.append(missing_ranks_note(missing, totals.headers))
+    if totals.max_steps_message:
+        totals.notes.append(totals.max_steps_message)
+    note = warmup_note(
+        totals.steps(schema.SUMMARY_STEPS_RECORDED),
+        totals.steps(schema.SUMMARY_STEPS_ANALYSED),
+        len(totals.entries),
+        skipped,
+        warmup,
+    )
+    if note:
+        totals.notes.insert(0, note)
+
+
+def _world_size(headers: dict[int, dict[str, Any]], found: list[int]) -> int:
+    """The largest world size a (checked) header claims, or the highest rank file + 1."""
+    claimed = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
+    return max(claimed, max(found) + 1) if found else claimed
+
+
+def _missing_ranks(world_size: int, found: list[int]) -> list[int]:
+    present = set(found)
+    return [rank for rank in range(world_size) if rank not in present]
+
+
+def _samples_per_s(overall: dict[str, Any], setup: dict[str, Any], world_size: int) -> float | None:
+    batch = setup.get(schema.BATCH_SIZE)
+    accumulate = setup.get(schema.ACCUMULATE_GRAD_BATCHES) or 1
+    if not overall.get(schema.STEPS_PER_S) or not isinstance(batch, int):
+        return None
+    return overall[schema.STEPS_PER_S] * batch * accumulate * world_size
+
+
+def _overall(totals: _RunTotals) -> dict[str, Any]:
+    phase_stats: dict[str, Any] = {}
+    distributions: dict[str, list[float]] = {}
+    ps = tuple(stats.distribution_ps())
+    for fieldname in STAT_FIELDS:
+        field_totals = totals.fields.get(fieldname)
+        if field_totals is None or not field_totals.sketches:
+            phase_stats[fieldname] = None
+            continue
+        wanted = fieldname in _DISTRIBUTED_FIELDS
+        phase_stats[fieldname], at = field_totals.describe(ps if wanted else ())
+        if wanted:
+            distributions[fieldname] = [round(at[p], 6) for p in ps]
+    step_stats = phase_stats.get(schema.STEP)
+    entries = totals.entries
+    sums = {name: field_totals.total for name, field_totals in totals.fields.items()}
+    return {
+        schema.PHASE_STATS: phase_stats,
+        schema.SHARES: shares_from_sums(sums),
+        schema.STEPS_PER_S: (
+            1000.0 / step_stats["mean"] if step_stats and step_stats["mean"] > 0 else None
+        ),
+        schema.PEAK_ALLOCATED: max_or_none([e[schema.PEAK_ALLOCATED] for e in entries]),
+        schema.PEAK_RESERVED: max_or_none([e[schema.PEAK_RESERVED] for e in entries]),
+        schema.PEAK_RSS: max_or_none([e[schema.PEAK_RSS] for e in entries]),
+        schema.BETWEEN_STEPS_MS: max_or_none([e[schema.BETWEEN_STEPS_MS] for e in entries]),
+        schema.AFTER_LAST_STEP_MS: max_or_none([e[schema.AFTER_LAST_STEP_MS] for e in entries]),
+        schema.WALL_MS: max_or_none([e[schema.WALL_MS] for e in entries]),
+        schema.DISTRIBUTIONS: distributions,
+    }
+
+
+def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    with_data = [e for e in rank_entries if (e[schema.PHASE_STATS].get(schema.STEP) or {})]
+    if len(with_data) < 2:
+        return None
+    fields: dict[str, Any] = {}
+    for fieldname in _RANK_COMPARED:
+        medians = {
+            e[schema.RANK]: e[schema.PHASE_STATS][fieldname]["median"]
+            for e in with_data
+            if e[schema.PHASE_STATS].get(fieldname)
+        }
+        if len(medians) < 2:
+            continue
+        middle = stats.quantile_sorted(sorted(medians.values()), 0.5)
+        slowest = max(medians, key=lambda rank: medians[rank])
+        # The slowest rank against the typical one of the *others* (with two ranks: the other).
+        others = stats.quantile_sorted(
+            sorted(v for rank, v in medians.items() if rank != slowest), 0.5
+        )
+        fields[fieldname] = {
+            "max_over_median": medians[slowest] / middle if middle > 0 else None,
+            "max_over_others": medians[slowest] / others if others > 0 else None,
+            "slowest_rank": slowest,
+            "median_across_ranks_ms": middle,
+            "median_of_others_ms": others,
+            "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
+        }
+    own = fields.get(schema.GPU_OWN_MS) or fields.get(schema.OWN_MS) or fields.get(schema.STEP)
+    return {
+        schema.IMBALANCE_FIELDS: fields,
+        schema.SLOWEST_RANK: own["slowest_rank"] if own else None,
+    }
+
+
+def _imbalance_with_memory(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """:func:`_imbalance`, plus which rank holds the most memory (telemetry, issue 15)."""
+    imbalance = _imbalance(rank_entries)
+    memory = resources.memory_imbalance(rank_entries)
+    if imbalance is not None or memory is not None:
+        imbalance = dict(imbalance or {})
+        imbalance[schema.MEMORY_IMBALANCE] = memory
+    return imbalance
+
+
+def _setup(headers: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """What the run was: device, versions, script... taken from the lowest rank's header."""
+    if not headers:
+        return {schema.WORLD_SIZE: world_size}
+    first = headers[min(headers)]
+    device = first.get(schema.DEVICE) or {}
+    hosts = sorted({h.get(schema.HOST) for h in headers.values() if h.get(schema.HOST)})
+    nodes = sorted(
+        {h.get(schema.NODE_RANK) for h in headers.values() if h.get(schema.NODE_RANK) is not None}
+    )
+    return {
+        schema.WORLD_SIZE: world_size,
+        "device": device.get(schema.DEVICE_TYPE),
+        "device_name": device.get(schema.DEVICE_NAME),
+        schema.DEVICE_TOTAL_MEMORY: device.get(schema.DEVICE_TOTAL_MEMORY),
+        schema.TIMING: first.get(schema.TIMING),
+        schema.COMM_TIMING: first.get(schema.COMM_TIMING),
+        schema.BUCKET_TIMING: first.get(schema.BUCKET_TIMING),
+        schema.VERSIONS: first.get(schema.VERSIONS) or {},
+        schema.SCRIPT: first.get(schema.SCRIPT),
+        schema.INTEGRATION: first.get(schema.INTEGRATION),
+        schema.BATCH_SIZE: first.get(schema.BATCH_SIZE),
+        schema.ACCUMULATE_GRAD_BATCHES: first.get(schema.ACCUMULATE_GRAD_BATCHES),
+        "num_workers": first.get("num_workers"),
+        "trace_max_steps": (first.get(schema.SETTINGS) or {}).get("trace_max_steps"),
+        "hosts": hosts,
+        "nodes": nodes,
+        schema.LOCAL_WORLD_SIZE: first.get(schema.LOCAL_WORLD_SIZE),
+    }
+
+
+def _run_name(headers: dict[int, dict[str, Any]], fallback: str) -> str:
+    for header in headers.values():
+        if header.get(schema.RUN):
+            return str(header[schema.RUN])
+    return fallback
+
+
+def _run_status(
+    statuses: dict[int, str | None],
+    missing: list[int],
+    steps: int,
+    headers: dict[int, dict[str, Any]],
+    found: list[int],
+) -> str:
+    values = list(statuses.values())
+    if schema.STATUS_EXCEPTION in values:
+        return "failed"
+    if schema.STATUS_INTERRUPTED in values:
+        return "interrupted"
+    if values and all(v == schema.STATUS_UNSUPPORTED for v in values):
+        return "unsupported"
+    if steps == 0:
+        return "empty"
+    if missing or None in values or len(headers) < len(found):
+        return "partial"
+    return "completed"
