@@ -162,3 +162,37 @@ def test_entry_points_are_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sampler.collect() == ()  # the default, not an exception
     assert sampler.off is not None and "telemetry.collect" in sampler.off
     assert sampler._stop.is_set()
+
+
+class HungHost:
+    """A probe whose read never returns (an NVML call stuck in the driver)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.reads = 0
+        self.stuck = threading.Event()
+        self.release = threading.Event()
+
+    def read(self, now_s: float) -> dict:
+        self.reads += 1
+        if self.reads > 1:  # the thread's first sample: stuck until the test ends
+            self.stuck.set()
+            self.release.wait()
+        return {}
+
+
+def test_stop_never_hangs_behind_a_hung_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.setattr(telemetry, "STOP_WAIT_S", 0.2)
+    host = HungHost()
+    sampler = telemetry.TelemetrySampler(origin_ns=0, host=host, interval_s=0.01)
+    sampler.start()  # the baseline sample returns; the thread's next one hangs
+    assert host.stuck.wait(10)
+    stopper = threading.Thread(target=sampler.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=10)
+    hung = stopper.is_alive()
+    host.release.set()
+    assert not hung, "telemetry.stop() hung behind a sample that never returns"

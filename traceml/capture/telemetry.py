@@ -205,6 +205,10 @@ def cuda_probe(device: Any) -> CudaProbe | None:
     return CudaProbe(lambda: torch.cuda.memory_stats(index), nvml_probe(index, uuid))
 
 
+# How long stop() waits for the thread, then for a sample in progress (each at most once).
+STOP_WAIT_S = 2.0
+
+
 class TelemetrySampler:
     """The sampling thread and its queue (see the module docstring)."""
 
@@ -253,8 +257,11 @@ class TelemetrySampler:
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2.0)
-        if self.off is None:
+            thread.join(timeout=STOP_WAIT_S)
+        # A sample still hung (an NVML call that never returns) holds the lock: no last
+        # sample then, rather than hanging the training's teardown behind it.
+        if self.off is None and self._lock.acquire(timeout=STOP_WAIT_S):
+            self._lock.release()
             self._sample_once()
         taken = list(self.pending)
         self.pending.clear()
