@@ -12,10 +12,17 @@ result is a small picklable dict) and feeds a :class:`JobSeriesAccumulator`, whi
 O(steps) numbers whatever the rank count. :func:`estimate` turns a stored series into a mean
 with an honest standard error (batch means: consecutive steps are correlated), an effective
 sample size, and the drift between the run's first and second half.
+
+Ranks are aligned by step number, not by position: a rank that abandoned one step (an
+exception it recovered from, a skipped batch) would otherwise be shifted one step against the
+others for the rest of the run. The number is the trainer's global step when every analysed
+record of the rank carries one, strictly increasing; else the record's own step index; else
+its position.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +42,16 @@ MAX_POINTS = 2048
 UNIT = "job step: per step position, step_ms = slowest rank, phases = mean over ranks"
 
 RankSeries = dict[str, list[float | None]]
+# The step numbers of a rank series (see rank_series), stored beside its fields.
+STEP_NUMBERS = "_step_numbers"
+# A rank's step numbers may span at most this many times its step count (plus a margin):
+# beyond that (a damaged file) the rank is aligned by position, so memory stays O(steps).
+_MAX_SPAN_FACTOR = 4
 
 
 def rank_series(columns: dict[str, list[Any]], skip: int) -> RankSeries:
-    """One rank's analysed steps (after the ``skip`` warm-up steps), per series field.
+    """One rank's analysed steps (after the ``skip`` warm-up steps), per series field, with
+    their step numbers under :data:`STEP_NUMBERS`.
 
     ``columns`` maps field names to per-step lists as the reducer reads them; fields the rank
     file does not carry are left out. Null (unmeasured) stays None, position is kept.
@@ -51,7 +64,26 @@ def rank_series(columns: dict[str, list[Any]], skip: int) -> RankSeries:
         values = [v if isinstance(v, (int, float)) else None for v in column[skip:]]
         if any(v is not None for v in values):
             series[fieldname] = values
+    if series:
+        count = max(len(values) for values in series.values())
+        series[STEP_NUMBERS] = _step_numbers(columns, skip, count)
     return series
+
+
+def _step_numbers(columns: dict[str, list[Any]], skip: int, count: int) -> list[int]:
+    """The numbers that align this rank's analysed steps with the other ranks'."""
+    for name in (schema.GLOBAL_STEP, schema.STEP_INDEX):
+        numbers = (columns.get(name) or [])[skip : skip + count]
+        if len(numbers) == count and _usable_numbers(numbers):
+            return numbers
+    return list(range(skip, skip + count))
+
+
+def _usable_numbers(numbers: list[Any]) -> bool:
+    if not numbers or not all(type(n) is int for n in numbers):
+        return False
+    increasing = all(a < b for a, b in itertools.pairwise(numbers))
+    return increasing and numbers[-1] - numbers[0] < _MAX_SPAN_FACTOR * len(numbers) + 1024
 
 
 class JobSeriesAccumulator:
@@ -59,6 +91,8 @@ class JobSeriesAccumulator:
 
     def __init__(self) -> None:
         self._ranks = 0
+        self._origin: int | None = None  # the step number at index 0 of the lists below
+        self._length = 0  # slots in each list: the step numbers seen span this many
         self._totals: dict[str, list[float]] = {}  # max for step, sum for phases
         self._counts: dict[str, list[int]] = {}
 
@@ -66,24 +100,47 @@ class JobSeriesAccumulator:
         if not series:
             return
         self._ranks += 1
-        for fieldname, values in series.items():
-            totals = self._totals.setdefault(fieldname, [])
-            counts = self._counts.setdefault(fieldname, [])
-            if len(values) > len(totals):
-                grow = len(values) - len(totals)
-                totals.extend([0.0] * grow)
-                counts.extend([0] * grow)
-            use_max = fieldname in _MAX_OVER_RANKS
-            for index, value in enumerate(values):
-                if value is None:
-                    continue
-                if counts[index] == 0:
-                    totals[index] = value
-                elif use_max:
-                    totals[index] = max(totals[index], value)
-                else:
-                    totals[index] += value
-                counts[index] += 1
+        numbers = series.get(STEP_NUMBERS)
+        fields = {name: values for name, values in series.items() if name != STEP_NUMBERS}
+        if numbers is None:  # a series from before step numbers: positions
+            numbers = list(range(max((len(v) for v in fields.values()), default=0)))
+        if not numbers:
+            return
+        self._make_room(numbers[0], numbers[-1])
+        indices = [number - self._origin for number in numbers]  # type: ignore[operator]
+        for fieldname, values in fields.items():
+            self._add_field(fieldname, values, indices)
+
+    def _make_room(self, first: int, last: int) -> None:
+        """Grow the lists so step numbers ``first..last`` have a slot."""
+        if self._origin is None:
+            self._origin = first
+        if first < self._origin:
+            grow = self._origin - first
+            for name in self._totals:
+                self._totals[name][:0] = [0.0] * grow
+                self._counts[name][:0] = [0] * grow
+            self._origin = first
+        self._length = max(self._length, last - self._origin + 1)
+
+    def _add_field(self, fieldname: str, values: list[float | None], indices: list[int]) -> None:
+        totals = self._totals.setdefault(fieldname, [])
+        counts = self._counts.setdefault(fieldname, [])
+        if len(totals) < self._length:
+            grow = self._length - len(totals)
+            totals.extend([0.0] * grow)
+            counts.extend([0] * grow)
+        use_max = fieldname in _MAX_OVER_RANKS
+        for index, value in zip(indices, values, strict=False):
+            if value is None:
+                continue
+            if counts[index] == 0:
+                totals[index] = value
+            elif use_max:
+                totals[index] = max(totals[index], value)
+            else:
+                totals[index] += value
+            counts[index] += 1
 
     def result(self) -> dict[str, Any] | None:
         """What the summary stores (see :data:`schema.SUMMARY_JOB_SERIES`), None without steps."""

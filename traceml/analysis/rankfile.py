@@ -27,6 +27,8 @@ _CHUNK_LINES = 8192
 
 # Step fields the reducer keeps per step (the rest of a record is not needed after reading).
 _COLUMNS: tuple[str, ...] = (
+    schema.STEP_INDEX,
+    schema.GLOBAL_STEP,
     *schema.TIMED_FIELDS,
     *schema.GPU_FIELDS,
     schema.GAP_MS,
