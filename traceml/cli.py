@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from traceml._version import __version__
-from traceml.errors import EXIT_USAGE, UsageError, UserError
+from traceml.errors import EXIT_INTERNAL, EXIT_USAGE, UsageError, UserError
+from traceml.guarded_output import guarded_std_streams
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -168,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     compare.add_argument(
-        "runs", nargs="+", metavar="RUN", help="A then B; or, with --vs, all the A runs"
+        "runs", nargs="*", metavar="RUN", help="A then B; or, with --vs, all the A runs"
     )
     compare.add_argument(
         "--vs", nargs="+", metavar="RUN", help="the B runs (after the change); put it last"
@@ -188,9 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--noise-floor",
         type=float,
-        default=5.0,
+        default=None,
         metavar="PCT",
-        help="one run a side: smallest change called real, since run-to-run noise is unknown (5)",
+        help="one run a side: smallest change called real, since run-to-run noise is unknown "
+        "(default 5, a guess: under --fail-on-regression a regression then exits 3, not 1)",
+    )
+    compare.add_argument(
+        "--noise-floor-from",
+        nargs="+",
+        metavar="RUN",
+        help="measure the noise floor from identical runs (3 or more) of this machine; alone: "
+        "print it; with A B: use it",
     )
     compare.add_argument(
         "--equivalence-margin",
@@ -208,6 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit code holds whatever happens to stdout and stderr."""
+    with guarded_std_streams():
+        try:
+            return _main(argv)
+        except Exception:  # a bug in traceml: its own exit code, never a verdict's
+            traceback.print_exc()
+            print(
+                f"traceml: internal error (exit code {EXIT_INTERNAL}); please report it with "
+                "the lines above",
+                file=sys.stderr,
+            )
+            return EXIT_INTERNAL
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args_list = list(sys.argv[1:] if argv is None else argv)
     head, script_args = _split_script_args(args_list)

@@ -10,15 +10,21 @@ from typing import Any
 import orjson
 
 from traceml.analysis.compare import (
+    DEFAULT_NOISE_FLOOR_PCT,
     INCONCLUSIVE,
+    NOISE_FLOOR_ASSUMED,
+    NOISE_FLOOR_GIVEN,
+    NOISE_FLOOR_MEASURED,
     SLOWER,
     CompareInputError,
     CompareOptions,
     compare,
     load_summary,
 )
+from traceml.analysis.compare_noise import NoiseFloor, measure_noise_floor
+from traceml.analysis.compare_rules import floor_is_a_guess
 from traceml.errors import OutputError
-from traceml.present.compare_text import render_comparison
+from traceml.present.compare_text import GUESS_ADVICE, noise_floor_lines, render_comparison
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -28,7 +34,11 @@ EXIT_INCONCLUSIVE = 3
 
 def gate_exit_code(result: dict[str, Any], fail_on_regression: float | None) -> int:
     """The exit code CI sees: 1 = significant step-time regression beyond the limit,
-    3 = inconclusive (under the gate only), 0 otherwise."""
+    3 = inconclusive (under the gate only), 0 otherwise.
+
+    One run a side with the default noise floor is a guess about run-to-run noise: a regression
+    found that way exits 3 (no answer), never 1; a floor the user gave or measured makes it 1.
+    """
     if fail_on_regression is None:
         return EXIT_OK
     if result["verdict"] == INCONCLUSIVE:
@@ -36,12 +46,8 @@ def gate_exit_code(result: dict[str, Any], fail_on_regression: float | None) -> 
     step = result["step"]
     regressed = step.get("significant") and step["status"] == SLOWER
     if regressed and (step.get("change_pct") or 0.0) > fail_on_regression:
-        return EXIT_REGRESSION
+        return EXIT_INCONCLUSIVE if floor_is_a_guess(result) else EXIT_REGRESSION
     return EXIT_OK
-
-
-# ----------------------------------------------------------------------------------------------
-# Text
 
 
 def output_paths(output: str) -> tuple[Path, Path]:
@@ -54,6 +60,8 @@ def output_paths(output: str) -> tuple[Path, Path]:
 def split_sides(runs: list[str], vs: list[str] | None) -> tuple[list[str], list[str]]:
     """``A B`` or ``A1 A2 ... --vs B1 B2 ...`` -> (A paths, B paths)."""
     if vs:
+        if not runs:
+            raise CompareInputError("--vs needs the A runs before it (A1 A2 A3 --vs B1 B2 B3)")
         return list(runs), list(vs)
     if len(runs) == 2:
         return [runs[0]], [runs[1]]
@@ -64,44 +72,78 @@ def split_sides(runs: list[str], vs: list[str] | None) -> tuple[list[str], list[
 
 
 def compare_command(args: Any) -> int:
-    options = CompareOptions(
-        noise_floor_pct=args.noise_floor,
-        equivalence_margin_pct=args.equivalence_margin,
-        allow_setup_change=args.allow_setup_change,
-    )
-    try:
-        paths_a, paths_b = split_sides(args.runs, args.vs)
-        for name, value in (("--noise-floor", args.noise_floor),
-                            ("--equivalence-margin", args.equivalence_margin)):  # fmt: skip
-            if not (0 <= value < 100):
-                raise CompareInputError(f"{name} {value:g}: expected a percentage in [0, 100)")
-        side_a = [load_summary(path) for path in paths_a]
-        side_b = [load_summary(path) for path in paths_b]
-    except CompareInputError:
-        raise  # one line and exit code 2, printed by cli.main
-    result = compare(side_a, side_b, options)
+    _check_percentages(args)
+    floor = None
+    if args.noise_floor_from:
+        floor = measure_noise_floor([load_summary(path) for path in args.noise_floor_from])
+        if not args.runs and not args.vs:  # measuring only
+            sys.stdout.write("\n".join(noise_floor_lines(floor)) + "\n")
+            return EXIT_OK
+    paths_a, paths_b = split_sides(args.runs, args.vs)
+    side_a = [load_summary(path) for path in paths_a]
+    side_b = [load_summary(path) for path in paths_b]
+    result = compare(side_a, side_b, _options(args, floor))
     text = render_comparison(result)
     if args.output:
-        json_path, text_path = output_paths(args.output)
-        try:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            for path in (json_path, text_path):
-                if path.exists():
-                    print(f"traceml: overwriting {path}", file=sys.stderr)
-            json_path.write_bytes(
-                orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
-            )
-            text_path.write_text(text)
-        except OSError as exc:
-            raise OutputError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        _write_outputs(args.output, result, text)
     sys.stdout.write(text)
     code = gate_exit_code(result, args.fail_on_regression)
+    _say_why(code, result, args.fail_on_regression)
+    return code
+
+
+def _check_percentages(args: Any) -> None:
+    if args.noise_floor is not None and args.noise_floor_from:
+        raise CompareInputError("give --noise-floor or --noise-floor-from, not both")
+    for name, value in (("--noise-floor", args.noise_floor),
+                        ("--equivalence-margin", args.equivalence_margin)):  # fmt: skip
+        if value is not None and not (0 <= value < 100):
+            raise CompareInputError(f"{name} {value:g}: expected a percentage in [0, 100)")
+
+
+def _options(args: Any, floor: NoiseFloor | None) -> CompareOptions:
+    """The user's choices; the floor from identical runs, the one given, or the default."""
+    if floor is not None:
+        pct, source, runs = floor.pct, NOISE_FLOOR_MEASURED, floor.runs
+    elif args.noise_floor is not None:
+        pct, source, runs = args.noise_floor, NOISE_FLOOR_GIVEN, None
+    else:
+        pct, source, runs = DEFAULT_NOISE_FLOOR_PCT, NOISE_FLOOR_ASSUMED, None
+    return CompareOptions(
+        noise_floor_pct=pct,
+        equivalence_margin_pct=args.equivalence_margin,
+        allow_setup_change=args.allow_setup_change,
+        noise_floor_source=source,
+        noise_floor_runs=runs,
+    )
+
+
+def _write_outputs(output: str, result: dict[str, Any], text: str) -> None:
+    json_path, text_path = output_paths(output)
+    try:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        for path in (json_path, text_path):
+            if path.exists():
+                print(f"traceml: overwriting {path}", file=sys.stderr)
+        json_path.write_bytes(
+            orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+        )
+        text_path.write_text(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def _say_why(code: int, result: dict[str, Any], limit: float | None) -> None:
+    """One line on stderr under the gate: what made it fail or give no answer."""
+    change = result["step"].get("change_pct")
     if code == EXIT_REGRESSION:
+        print(f"traceml: step time regressed {change:+.1f}% (limit {limit:g}%)", file=sys.stderr)
+    elif code == EXIT_INCONCLUSIVE and result["verdict"] != INCONCLUSIVE:
         print(
-            f"traceml: step time regressed {result['step']['change_pct']:+.1f}% "
-            f"(limit {args.fail_on_regression:g}%)",
+            f"traceml: step time {change:+.1f}% looks like a regression, but with one run a "
+            "side and the default noise floor the gate cannot tell it from run-to-run noise "
+            f"(exit 3, no answer); {GUESS_ADVICE}",
             file=sys.stderr,
         )
     elif code == EXIT_INCONCLUSIVE:
         print("traceml: comparison inconclusive; see the reasons above", file=sys.stderr)
-    return code

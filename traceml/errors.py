@@ -40,3 +40,8 @@ class ThresholdError(UserError, ValueError):
 
 class SettingsError(UserError, ValueError):
     """A TRACEML_* value that cannot be honoured; the message names the variable."""
+
+# A failure inside traceml itself (a bug, not the user's input): a code of its own, never 1
+# (compare's "regression") nor 2 or 3, so that no CI gate reads a crash as a verdict.
+# 70 is EX_SOFTWARE in BSD's sysexits.h ("internal software error").
+EXIT_INTERNAL = 70

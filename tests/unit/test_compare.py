@@ -77,9 +77,16 @@ def test_ten_percent_slowdown_fails_the_gate(tmp_path, capsys):
     a, _ = make_summary(tmp_path / "a", steps=500, seed=1, **BASE)
     slower = {k: v * 1.10 for k, v in BASE.items()}
     b, _ = make_summary(tmp_path / "b", steps=500, seed=2, **slower)
-    assert main(["compare", str(a), str(b), "--fail-on-regression", "5"]) == 1
+    gate = ["compare", str(a), str(b), "--fail-on-regression", "5"]
+    # One run a side and the default floor: a guess about run-to-run noise, so no answer (3).
+    assert main(gate) == 3
     out, err = capsys.readouterr()
-    assert "Verdict: REGRESSION" in out
+    assert "Verdict: REGRESSION" in out and "noise floor 5% (assumed)" in out
+    assert "cannot tell it from run-to-run noise" in err and "--noise-floor-from" in err
+    # A floor the user gave (or measured) lets it answer.
+    assert main([*gate, "--noise-floor", "5"]) == 1
+    out, err = capsys.readouterr()
+    assert "noise floor 5% (--noise-floor)" in out
     assert "regressed +10." in err or "regressed +9." in err
     assert main(["compare", str(a), str(b), "--fail-on-regression", "15"]) == 0
     assert main(["compare", str(a), str(b)]) == 0  # no gate: 0 whenever it ran

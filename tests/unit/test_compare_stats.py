@@ -239,6 +239,20 @@ def test_gate_catches_ten_percent_with_200_steps():
     assert rate >= 0.85 and verdicts >= 0.85
 
 
+def test_one_run_a_side_with_the_assumed_floor_never_exits_1_but_says_3():
+    # Issue 25: the default 5% floor is a guess about run-to-run noise, so the one-run-a-side
+    # gate gives no answer (3) where a measured or given floor gives 1.
+    assumed = CompareOptions()
+    never, _ = calibration.gate_rates(
+        172, 60, ranks=8, steps=200, runs_per_side=1, slowdown=0.10, options=assumed
+    )
+    answered_3, verdicts = calibration.gate_rates(
+        172, 60, ranks=8, steps=200, runs_per_side=1, slowdown=0.10, options=assumed, exit_code=3
+    )
+    assert never == 0.0
+    assert answered_3 >= 0.85 and verdicts >= 0.85
+
+
 def test_intervals_do_not_shrink_with_the_rank_count():
     # No run shift, no noise floor: only the interval decides. Pooled per-rank steps (the old
     # unit) excluded zero on identical code in 15/40 pairs at 8 ranks, 26/40 at 32 ranks.

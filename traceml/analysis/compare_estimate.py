@@ -20,6 +20,9 @@ MEMORY_CHANGE = 0.10  # a peak-memory change this large makes a faster run MIXED
 MIN_STEPS = 10
 DEFAULT_NOISE_FLOOR_PCT = 5.0
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 5.0
+NOISE_FLOOR_ASSUMED = "assumed"
+NOISE_FLOOR_GIVEN = "given"
+NOISE_FLOOR_MEASURED = "measured"
 # Two-sided 90% intervals: each claim compare makes is one-sided (B is slower; B is faster; B is
 # equivalent, i.e. neither slower nor faster than the margin, as in a TOST equivalence test), so
 # each is a test at the 5% level. That is what the gate's false-alarm target is, and the 95%
@@ -56,6 +59,10 @@ class CompareOptions:
     noise_floor_pct: float = DEFAULT_NOISE_FLOOR_PCT
     equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT
     allow_setup_change: bool = False
+    # Where the floor came from: the default (a guess), --noise-floor, or identical runs
+    # (--noise-floor-from). A one-run-a-side gate acts only on a floor that is not a guess.
+    noise_floor_source: str = NOISE_FLOOR_ASSUMED
+    noise_floor_runs: int | None = None  # identical runs it was measured from
 
 
 def run_estimate(summary: dict[str, Any], fieldname: str) -> RunEstimate | None:

@@ -19,6 +19,7 @@ from traceml.analysis.compare_estimate import (
     MIN_EFFECT,
     MIN_STEPS,
     MIXED,
+    NOISE_FLOOR_ASSUMED,
     NOT_MEASURED,
     REGRESSION,
     SLOWER,
@@ -180,3 +181,12 @@ def format_pct(value: float | None, signed: bool = True) -> str:
 
 def format_interval(interval: list[float]) -> str:
     return f"{interval[0]:+.1f}% .. {interval[1]:+.1f}%"
+
+
+def floor_is_a_guess(result: dict[str, Any]) -> bool:
+    """One run a side and the default floor: run-to-run noise is neither known nor bounded."""
+    noise = result["noise"]
+    return noise["run_to_run"] == "unknown" and noise.get("noise_floor_source") in (
+        None,
+        NOISE_FLOOR_ASSUMED,
+    )

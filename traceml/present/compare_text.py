@@ -7,8 +7,16 @@ import textwrap
 from typing import Any
 
 from traceml.analysis import input_pipeline, resources
-from traceml.analysis.compare_estimate import CI_LABEL, INCONCLUSIVE, MIXED
-from traceml.analysis.compare_rules import format_interval, format_pct
+from traceml.analysis.compare_estimate import (
+    CI_LABEL,
+    EQUIVALENT,
+    INCONCLUSIVE,
+    MIXED,
+    NOISE_FLOOR_GIVEN,
+    NOISE_FLOOR_MEASURED,
+)
+from traceml.analysis.compare_noise import RECOMMENDED_RUNS, NoiseFloor
+from traceml.analysis.compare_rules import floor_is_a_guess, format_interval, format_pct
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -62,8 +70,8 @@ def _header_lines(result: dict[str, Any]) -> list[str]:
     drift = noise["within_run_drift_pct"]
     if noise["run_to_run"] == "unknown":
         lines.append(
-            f"Run-to-run noise: unknown (one run a side); noise floor {noise['noise_floor_pct']:g}%"
-            + (f", largest within-run drift {drift:.1f}%" if drift is not None else "")
+            f"Run-to-run noise: unknown (one run a side); noise floor {_floor_text(noise)}"
+            + (f"; within-run drift {drift:.1f}%" if drift is not None else "")
         )
     else:
         cv = noise["run_to_run_cv_pct"]
@@ -72,6 +80,22 @@ def _header_lines(result: dict[str, Any]) -> list[str]:
             + ("-" if cv is None else f"{cv:.1f}%")
         )
     return lines
+
+
+def _floor_text(noise: dict[str, Any]) -> str:
+    source = noise.get("noise_floor_source")
+    if source == NOISE_FLOOR_MEASURED:
+        return f"{noise['noise_floor_pct']:.1f}% (measured, {noise['noise_floor_runs']} runs)"
+    if source == NOISE_FLOOR_GIVEN:
+        return f"{noise['noise_floor_pct']:g}% (--noise-floor)"
+    return f"{noise['noise_floor_pct']:g}% (assumed)"
+
+
+GUESS_ADVICE = (
+    "for a sure answer compare 3 runs a side (A1 A2 A3 --vs B1 B2 B3), or measure the floor "
+    "once from 3 identical runs (traceml compare --noise-floor-from R1 R2 R3) and pass it "
+    "with --noise-floor"
+)
 
 
 def _verdict_lines(result: dict[str, Any]) -> list[str]:
@@ -97,6 +121,16 @@ def _verdict_lines(result: dict[str, Any]) -> list[str]:
         if verdict == MIXED:
             memory = result["memory"]
             lines.append(f"  but {memory['measure']} changed {format_pct(memory['change_pct'])}")
+        if verdict != EQUIVALENT and floor_is_a_guess(result):
+            lines.extend(
+                textwrap.wrap(
+                    "one run a side with a default noise floor: a whole run being faster or "
+                    f"slower than the next could explain this; {GUESS_ADVICE}",
+                    100,
+                    initial_indent="  caution: ",
+                    subsequent_indent="    ",
+                )
+            )
     lines.append(f"Diagnosis: {result['diagnosis']['message']}")
     moved = result["phases_that_moved"]
     lines.append("Phases that moved: " + (", ".join(moved) if moved else "none significantly"))
@@ -167,3 +201,19 @@ def _footer_lines(result: dict[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------
 # Command
+
+
+def noise_floor_lines(floor: NoiseFloor) -> list[str]:
+    """What ``traceml compare --noise-floor-from`` prints: the floor and how to use it."""
+    lines = [
+        f"Noise floor: {floor.pct:.1f}% from {floor.runs} identical runs (spread of their mean "
+        f"step times {floor.run_cv_pct:.1f}%; one-sided 95% bound on the step-time difference "
+        f"of two such runs, t on {floor.df} df)",
+        f"Use it for one run a side: traceml compare A B --noise-floor {floor.pct:.1f} "
+        "--fail-on-regression PCT",
+    ]
+    if floor.runs < RECOMMENDED_RUNS:
+        lines.append(
+            f"Note: {floor.runs} runs give a wide floor; {RECOMMENDED_RUNS} or more narrow it"
+        )
+    return lines
