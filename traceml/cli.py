@@ -64,11 +64,7 @@ def _add_run(commands: Any) -> None:
     run.add_argument(
         "--trace-max-steps", type=int, metavar="N", help="record only the first N steps"
     )
-    run.add_argument("--nproc-per-node", type=int, default=1, metavar="N")
-    run.add_argument("--nnodes", type=int, default=1, metavar="N")
-    run.add_argument("--node-rank", type=int, default=0, metavar="R")
-    run.add_argument("--master-addr", default=None)
-    run.add_argument("--master-port", type=int, default=None)
+    _add_topology(run)
     run.add_argument("--no-report", action="store_true", help="do not print the final report")
     run.add_argument("--html", action="store_true", help="also write report.html")
     run.add_argument(
@@ -78,8 +74,8 @@ def _add_run(commands: Any) -> None:
         "--live-interval",
         type=float,
         metavar="SECONDS",
-        help="when stderr is not a terminal: one live line every SECONDS "
-        "(30; env TRACEML_LIVE_INTERVAL_S)",
+        help="when stderr is not a terminal (or one of unknown or zero size): one live line "
+        "every SECONDS (30; env TRACEML_LIVE_INTERVAL_S)",
     )
     run.add_argument(
         "--report-wait",
@@ -97,10 +93,48 @@ def _add_run(commands: Any) -> None:
     )
 
 
+def _add_topology(run: argparse.ArgumentParser) -> None:
+    """torchrun's topology options, passed on to it."""
+    run.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes (ranks) on this node; over 1, the script runs under torchrun (1)",
+    )
+    run.add_argument(
+        "--nnodes", type=int, default=1, metavar="N", help="nodes in the job, as torchrun (1)"
+    )
+    run.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        metavar="R",
+        help="this node's index, 0 .. nnodes-1; node 0 writes the report (0)",
+    )
+    run.add_argument(
+        "--master-addr",
+        default=None,
+        metavar="HOST",
+        help="address of node 0 for the ranks' rendezvous, as torchrun (127.0.0.1)",
+    )
+    run.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="port on node 0 for the rendezvous, as torchrun (29500)",
+    )
+
+
 def _add_report(commands: Any) -> None:
     """``traceml report RUN_DIR``."""
     report = commands.add_parser(
-        "report", help="(re)build the summary and report of a run directory"
+        "report",
+        help="(re)build the summary and report of a run directory",
+        description="Read a run directory's rank files, write final_summary.json and "
+        "final_summary.txt (and report.html with --html) into it, and print the report. Works "
+        "on any run, however it was launched, also one that crashed or is still running.",
     )
     report.add_argument("run_dir", help="a run directory (logs/<run-name>)")
     report.add_argument("--json", action="store_true", help="print the summary JSON instead")
@@ -139,8 +173,8 @@ def _add_watch(commands: Any) -> None:
         "--interval",
         type=float,
         metavar="SECONDS",
-        help="when stdout is not a terminal: one line every SECONDS "
-        "(30; env TRACEML_LIVE_INTERVAL_S)",
+        help="when stdout is not a terminal (or one of unknown or zero size): one line every "
+        "SECONDS (30; env TRACEML_LIVE_INTERVAL_S)",
     )
     watch.add_argument(
         "--html", metavar="FILE", help="keep FILE, a self-refreshing report.html, up to date"
@@ -148,18 +182,8 @@ def _add_watch(commands: Any) -> None:
     _add_threshold_option(watch)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="traceml",
-        description="Why is my training slow, and did my change make it faster?",
-    )
-    parser.add_argument("--version", action="version", version=f"traceml {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    _add_run(commands)
-    _add_report(commands)
-    _add_watch(commands)
-
+def _add_compare(commands: Any) -> None:
+    """``traceml compare A B`` / ``A1 A2 A3 --vs B1 B2 B3`` / ``--noise-floor-from R1 R2 R3``."""
     compare = commands.add_parser(
         "compare",
         help="compare runs' final_summary.json, before vs after a change (for people and CI)",
@@ -214,6 +238,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare across a world-size, device or timing-method change (else INCONCLUSIVE)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="traceml",
+        description="Why is my training slow, and did my change make it faster?",
+    )
+    parser.add_argument("--version", action="version", version=f"traceml {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _add_run(commands)
+    _add_report(commands)
+    _add_watch(commands)
+
+    _add_compare(commands)
     return parser
 
 

@@ -94,6 +94,61 @@ def test_no_live_prints_no_live_lines(tmp_path, tiny):
     assert "live view off" in result.stderr and live_lines(result.stderr) == []
 
 
+def in_script_pty(command: list, tmp_path: Path, env: dict[str, str], size: str | None) -> str:
+    """``command`` in a real pseudo-terminal made by ``script`` (util-linux) started from a
+    non-terminal, as CI runners and ``docker exec`` without ``-t`` do: the terminal is 0x0
+    unless ``size`` ("ROWS COLS") is set with stty first. Returns everything it printed."""
+    shell = " ".join(f"'{a}'" for a in command)
+    if size is not None:
+        rows, cols = size.split()
+        shell = f"stty rows {rows} cols {cols}; {shell}"
+    else:
+        shell = f"stty size; {shell}"  # shows the 0x0 the test relies on
+    done = subprocess.run(
+        ["script", "-q", "-e", "-c", shell, "/dev/null"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        env={**env, "TERM": "xterm"},
+        cwd=tmp_path,
+        timeout=DEADLINE_S,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    return done.stdout.replace("\r\n", "\n")
+
+
+def test_run_in_a_zero_sized_pty_falls_back_to_plain_lines_early(tmp_path, tiny):
+    # Issue 25: a 0x0 pseudo-terminal said "live view below" and then showed nothing at all.
+    # Default interval (30 s) and collect time: a ~15 s run still gets its numbers as soon as
+    # the warm-up is over and its provisional verdict when the window allows it.
+    if shutil.which("script") is None:
+        pytest.skip("script (util-linux) is not installed")
+    env = clean_env(TINY_BATCHES=150, TINY_STEP_SLEEP_MS=100, TINY_VALIDATE=0)
+    out = in_script_pty(traceml("run", tiny, "--logs-dir", tmp_path / "logs"), tmp_path, env, None)
+    assert out.splitlines()[0].strip() == "0 0", out[:200]
+    assert "live lines once warmed up, then every 30 s" in out and "live view below" not in out
+    assert "\x1b[1;" not in out  # no scroll region: no panel
+    lines = live_lines(out)
+    numbers = [line for line in lines if "median step" in line]
+    assert numbers, out[-3000:]
+    assert any("provisional verdict (last " in line for line in lines), out[-3000:]
+    assert "Verdict: RESIDUAL-HEAVY" in out
+
+
+def test_run_in_a_sized_pty_draws_the_panel(tmp_path, tiny):
+    if shutil.which("script") is None:
+        pytest.skip("script (util-linux) is not installed")
+    env = clean_env(TINY_BATCHES=30, TINY_STEP_SLEEP_MS=100, TINY_VALIDATE=0)
+    out = in_script_pty(
+        traceml("run", tiny, "--logs-dir", tmp_path / "logs"), tmp_path, env, "40 120"
+    )
+    assert "live view below" in out
+    assert "\x1b[1;37r" in out  # the scroll region above a 3-line panel on 40 rows
+    assert live_lines(out) == []  # a panel, not plain lines
+    assert "Verdict: " in out
+
+
 class Tmux:
     """A private tmux server (its own socket) with one pane of a fixed size."""
 

@@ -227,8 +227,9 @@ def test_collecting_until_the_run_has_trained_collect_s(tmp_path):
     follower = follow(tmp_path)
     assert build_view(follower.ranks, run="r", collect_s=11).state == COLLECTING
     assert build_view(follower.ranks, run="r", collect_s=9).state == PROVISIONAL
-    # The default is the issue's 60 s.
-    assert build_view(follower.ranks, run="r").collecting == "10/60 s"
+    # The default is 10 s (issue 25: 60 s hid the verdict on every run under a minute).
+    assert build_view(follower.ranks, run="r", collect_s=60).collecting == "10/60 s of training"
+    assert build_view(follower.ranks, run="r").state == PROVISIONAL
 
 
 def test_waiting_before_any_rank_file_or_step(tmp_path):

@@ -19,8 +19,9 @@ def load_summary(path: Path | str) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         candidate = path / schema.SUMMARY_JSON
-        if candidate.is_file():
-            path = candidate
+        if not candidate.is_file():
+            raise CompareInputError(_no_summary_in(path))
+        path = candidate
     if not path.is_file():
         raise CompareInputError(f"no such file: {path}")
     try:
@@ -51,3 +52,16 @@ def load_summary(path: Path | str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------
 # Statistics
+
+
+def _no_summary_in(directory: Path) -> str:
+    """A directory that exists but holds no summary: say so, and what would make one."""
+    if (directory / schema.RANKS_DIR).is_dir():
+        return (
+            f"{directory} is a run directory without a {schema.SUMMARY_JSON} (the run has not "
+            f"been reported yet): traceml report {directory}"
+        )
+    return (
+        f"{directory} has no {schema.SUMMARY_JSON}: give a final_summary.json or a run "
+        "directory (logs/<run-name>)"
+    )

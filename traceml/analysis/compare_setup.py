@@ -85,6 +85,13 @@ def diagnosis_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         message = "no diagnosis in one of the summaries"
     elif kind_a == kind_b:
         message = f"{label(kind_a)} in both runs"
+    elif schema.VERDICT_INSUFFICIENT_DATA in (kind_a, kind_b):
+        # Too few steps for a diagnosis says nothing about the other run's problem: not "gone".
+        short = "B" if kind_b == schema.VERDICT_INSUFFICIENT_DATA else "A"
+        message = (
+            f"{label(kind_a)} -> {label(kind_b)}: {short} has too few steps for a diagnosis, "
+            "so this cannot tell whether the diagnosis changed"
+        )
     else:
         message = f"{label(kind_a)} -> {label(kind_b)}"
         if kind_a in _PROBLEMS:

@@ -48,7 +48,12 @@ from traceml.present.live_settings import (  # noqa: F401
     collect_from_env,
     interval_from_env,
 )
-from traceml.present.live_terminal import LiveMonitor, TerminalPanel, terminal_mode  # noqa: F401
+from traceml.present.live_terminal import (  # noqa: F401
+    LineSchedule,
+    LiveMonitor,
+    TerminalPanel,
+    terminal_mode,
+)
 from traceml.present.live_text import render_line, render_panel, start_line  # noqa: F401
 from traceml.present.live_view import (  # noqa: F401
     COLLECTING,
@@ -90,8 +95,8 @@ def watch(
     panel = TerminalPanel(fd) if mode == "tty" and fd is not None else None
     out.write(f"traceml: watching {display_path(run_dir)} (Ctrl-C to stop)\n")
     out.flush()
-    if panel is not None:
-        panel.open()
+    if panel is not None and not panel.open():
+        panel = None  # too small for a panel after all: plain lines
     try:
         _follow(follower, panel, out, thresholds, interval, collect, html, poll_s)
     except KeyboardInterrupt:
@@ -116,7 +121,7 @@ def _follow(
     poll_s: float,
 ) -> None:
     """Poll and show the run until it has finished (a panel, or a line every ``interval``)."""
-    next_line = time.monotonic()  # a first line straight away, then every interval
+    schedule = LineSchedule(interval, time.monotonic(), first_now=True)  # a first line now
     next_html = time.monotonic()
     while True:
         changed = follower.poll()
@@ -129,8 +134,7 @@ def _follow(
         if panel is not None:
             if changed:
                 panel.draw(render_panel(view, 10_000))
-        elif now >= next_line:
-            next_line = now + interval
+        elif schedule.due(view, now):
             out.write(render_line(view) + "\n")
             out.flush()
         if html is not None and now >= next_html and any(view.rank_steps.values()):

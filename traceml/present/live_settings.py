@@ -10,7 +10,10 @@ from traceml.errors import UsageError
 
 DEFAULT_WINDOW = 100  # steps per rank the provisional verdict looks at
 DEFAULT_INTERVAL_S = 30.0  # plain-line period when the output is not a terminal
-DEFAULT_COLLECT_S = 60.0  # least training time before the first provisional verdict
+# Least training time before the first provisional verdict (besides warm-up + min_steps steps
+# on every rank). Issue 25: 60 s hid the verdict on every run under a minute; 10 s keeps the
+# first seconds (start-up, first batches) from deciding alone, and the line says "provisional".
+DEFAULT_COLLECT_S = 10.0
 REDRAW_S = 1.0  # a terminal panel changes at most this often
 ENV_INTERVAL = "TRACEML_LIVE_INTERVAL_S"
 ENV_COLLECT = "TRACEML_LIVE_COLLECT_S"

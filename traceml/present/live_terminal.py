@@ -17,7 +17,33 @@ from traceml.present.live_settings import (
     REDRAW_S,
 )
 from traceml.present.live_text import fit, render_line, render_panel
-from traceml.present.live_view import LiveView, build_view
+from traceml.present.live_view import WAITING, LiveView, build_view
+
+PANEL_HEIGHT = 3
+MIN_COLUMNS = 20  # narrower than this, the panel's lines say nothing
+
+
+class LineSchedule:
+    """When a plain live line is due: as soon as there are numbers (the warm-up is over),
+    whenever the state or the verdict changes, and every ``interval_s`` in between; so a short
+    run shows something useful early, and a long one a line per interval."""
+
+    def __init__(self, interval_s: float, now: float, *, first_now: bool = False) -> None:
+        self.interval_s = interval_s
+        self._next = now if first_now else now + interval_s
+        self._shown: tuple[bool, str, str | None] = (False, WAITING, None)
+
+    def time_is_up(self, now: float) -> bool:
+        return now >= self._next
+
+    def due(self, view: LiveView, now: float) -> bool:
+        """Whether to print ``view`` now; if so, the next line is an interval away."""
+        key = (view.median_step_ms is not None, view.state, view.verdict_kind)
+        if key == self._shown and not self.time_is_up(now):
+            return False
+        self._shown = key
+        self._next = now + self.interval_s
+        return True
 
 
 class TerminalPanel:
@@ -29,7 +55,7 @@ class TerminalPanel:
     restored around it, so the script's output continues where it was.
     """
 
-    def __init__(self, fd: int, height: int = 3) -> None:
+    def __init__(self, fd: int, height: int = PANEL_HEIGHT) -> None:
         self.fd = fd
         self.height = height
         self._size: tuple[int, int] | None = None
@@ -46,10 +72,11 @@ class TerminalPanel:
         with contextlib.suppress(OSError):
             os.write(self.fd, text.encode("utf-8", "replace"))
 
-    def open(self) -> None:
+    def open(self) -> bool:
+        """Pin the panel; False (nothing written) when the terminal is too small for it."""
         columns, rows = self._terminal_size()
-        if rows <= self.height + 2:
-            return
+        if rows <= self.height + 2 or columns < MIN_COLUMNS:
+            return False
         self._size = (columns, rows)
         region = rows - self.height
         # Make room first (scroll the screen up by the panel's height), then confine scrolling
@@ -58,6 +85,7 @@ class TerminalPanel:
             "\n" * self.height + f"\x1b[{self.height}A" + "\x1b7" + f"\x1b[1;{region}r" + "\x1b8"
         )
         self._open = True
+        return True
 
     def draw(self, lines: list[str]) -> None:
         if not self._open:
@@ -107,6 +135,14 @@ def terminal_mode(fd: int) -> str:
         return "plain"
     if os.environ.get("TERM", "") in ("", "dumb"):  # no cursor movement
         return "plain"
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return "plain"
+    # A pseudo-terminal nobody sized (`script` or `docker exec` started without a terminal, many
+    # CI runners) reports 0x0: a panel there is never drawn, so plain lines instead.
+    if size.columns < MIN_COLUMNS or size.lines <= PANEL_HEIGHT + 2:
+        return "plain"
     return "tty"
 
 
@@ -139,8 +175,8 @@ class LiveMonitor:
         self.lines_printed = 0
 
     def start(self) -> None:
-        if self.panel is not None:
-            self.panel.open()
+        if self.panel is not None and not self.panel.open():
+            self.panel, self.mode = None, "plain"  # too small after all: plain lines instead
         self._thread = threading.Thread(target=self._loop, name="traceml-live", daemon=True)
         self._thread.start()
 
@@ -161,7 +197,7 @@ class LiveMonitor:
         )
 
     def _loop(self) -> None:
-        next_line = time.monotonic() + self.interval_s
+        schedule = LineSchedule(self.interval_s, time.monotonic())
         dirty = True
         while not self._stop.wait(REDRAW_S):
             try:
@@ -170,9 +206,11 @@ class LiveMonitor:
                     if dirty:
                         self.panel.draw(render_panel(self.view(), 10_000))
                         dirty = False
-                elif time.monotonic() >= next_line:
-                    next_line += self.interval_s
-                    self._print(render_line(self.view()))
+                elif dirty or schedule.time_is_up(time.monotonic()):
+                    dirty = False
+                    view = self.view()
+                    if schedule.due(view, time.monotonic()):
+                        self._print(render_line(view))
             except Exception as exc:  # the view must never take the launcher down
                 self._print(f"traceml: live view stopped ({type(exc).__name__}: {exc})")
                 return

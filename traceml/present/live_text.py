@@ -124,6 +124,6 @@ def start_line(
     where = display_path(run_dir)
     how = {
         "tty": "live view below (--no-live: off)",
-        "plain": f"a live line every {interval_s:g} s (--live-interval)",
+        "plain": f"live lines once warmed up, then every {interval_s:g} s (--live-interval)",
     }.get(mode, "live view off")
     return f"traceml: run directory {where} ({ranks}); {how}; elsewhere: traceml watch {where}"

@@ -213,7 +213,7 @@ def _still_collecting(
         fewest = min((tails[r].steps if r in tails else 0) for r in short)
         waits.append(f"{fewest}/{needed} steps on rank {short[0]}")
     if (training_s or 0.0) < collect_s:
-        waits.append(f"{training_s or 0.0:.0f}/{collect_s:.0f} s")
+        waits.append(f"{training_s or 0.0:.0f}/{collect_s:.0f} s of training")
     return waits
 
 

@@ -58,10 +58,27 @@ def headline(summary: dict[str, Any]) -> str:
     device = setup.get("device") or "unknown device"
     return (
         f"traceml: {summary.get(schema.RUN)} ({summary.get(schema.SUMMARY_STATUS)}; "
-        f"{ranks} rank{'s' if ranks != 1 else ''}, {device}; "
-        f"{summary.get(schema.SUMMARY_STEPS_ANALYSED, 0)} of "
-        f"{summary.get(schema.SUMMARY_STEPS_RECORDED, 0)} steps analysed)"
+        f"{ranks} rank{'s' if ranks != 1 else ''}, {device}; {_steps_analysed(summary)})"
     )
+
+
+def _steps_analysed(summary: dict[str, Any]) -> str:
+    """"N of M steps analysed", per rank when there are several (the run's totals would count
+    each step once per rank: issue 25's "44 of 48" for 22 of 24 steps on each of 2 ranks)."""
+    entries = [e for e in summary.get(schema.SUMMARY_RANKS) or [] if isinstance(e, dict)]
+    if len(entries) < 2:
+        return (
+            f"{summary.get(schema.SUMMARY_STEPS_ANALYSED, 0)} of "
+            f"{summary.get(schema.SUMMARY_STEPS_RECORDED, 0)} steps analysed"
+        )
+    analysed = [e.get(schema.SUMMARY_STEPS_ANALYSED) or 0 for e in entries]
+    recorded = [e.get(schema.SUMMARY_STEPS_RECORDED) or 0 for e in entries]
+    return f"{_span(analysed)} of {_span(recorded)} steps per rank analysed"
+
+
+def _span(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def banner() -> str:

@@ -44,6 +44,11 @@ def text_lines(summary: dict[str, Any]) -> list[str]:
         return ["Memory and host: not shown (the summary's telemetry is damaged)"]
 
 
+# A rank holding this much more memory than the ranks' median is worth a line; under it the
+# ranks are balanced and the line said nothing true (issue 25: "holds 1.00x the median").
+MEMORY_IMBALANCE_SHOWN = 1.10
+
+
 def _text_lines(summary: dict[str, Any]) -> list[str]:
     rows = resources.telemetry_entries(summary)
     if not rows:
@@ -65,7 +70,8 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
             f"{_pct(None if busy is None else busy * 100):>10}"
         )
     imbalance = (summary.get(schema.SUMMARY_IMBALANCE) or {}).get(schema.MEMORY_IMBALANCE)
-    if imbalance and imbalance.get("max_over_median"):
+    ratio = (imbalance or {}).get("max_over_median")
+    if ratio is not None and ratio >= MEMORY_IMBALANCE_SHOWN:
         lines.append(
             f"  Memory imbalance: rank {imbalance['rank']} holds "
             f"{imbalance['max_over_median']:.2f}x the ranks' median"
