@@ -19,7 +19,9 @@ def test_text_report_layout(tmp_path):
     summary, text = summarise(tmp_path)
     lines = text.splitlines()
     assert all(len(line) <= 100 for line in lines)
-    assert lines[0].startswith("traceml: handmade (completed; 2 ranks, cpu; 28 of 30 steps per rank")
+    assert lines[0].startswith(
+        "traceml: handmade (completed; 2 ranks, cpu; 28 of 30 steps per rank analysed)"
+    )
     assert lines[2] == "Verdict: INPUT-BOUND (critical)"
     assert lines[3].startswith("  Why:  Input Wait took 60% of step time")
     assert lines[4].startswith("  Next: ")
