@@ -18,14 +18,19 @@ fi
 
 # System tools some tests drive (tmux: the live view in a real terminal; chromium: report.html
 # in a real headless browser). Installed once, as root, from the distribution's packages;
-# elsewhere those tests skip with a reason.
+# elsewhere those tests skip with a reason. TRACEML_SYSTEM_TOOLS=0 (scripts/demo.sh) skips
+# this: the demo needs neither.
 need=()
-command -v tmux >/dev/null 2>&1 || need+=(tmux)
-command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-  || need+=(chromium)
+if [ "${TRACEML_SYSTEM_TOOLS:-1}" != 0 ]; then
+  command -v tmux >/dev/null 2>&1 || need+=(tmux)
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+    || need+=(chromium)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "==> installing ${need[*]} (apt)"
+    echo "==> the tests drive tmux (the live view in a real terminal) and chromium (report.html"
+    echo "    in a headless browser): installing ${need[*]} with apt-get, system-wide, as root"
+    echo "    (chromium: a few hundred MB; TRACEML_SYSTEM_TOOLS=0 skips this, those tests skip)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \
       || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${need[@]}" >/dev/null 2>&1; } \
@@ -39,7 +44,9 @@ stamp="$VENV/.traceml-installed"
 # The start-up files are copied into site-packages at install time: a change means reinstall.
 want=$(cat pyproject.toml scripts/env.sh traceml_bootstrap.* | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "==> installing traceml and its test dependencies into $VENV (first run: a few minutes)"
+  echo "==> installing into $VENV (pip): traceml (editable) and its test dependencies: torch 2.14.1,"
+  echo "    torchvision 0.29.1, rfdetr[train] 1.10.1, lightning, pytest, hypothesis, ruff,"
+  echo "    import-linter (about 6 GB; the first run takes a few minutes)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet -e ".[test]"
   echo "$want" > "$stamp"

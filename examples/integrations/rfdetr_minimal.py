@@ -8,7 +8,9 @@ There is no traceml import here on purpose: run it under ``traceml run`` (or wit
         --output-dir out/real --epochs 10 --batch-size 8 --num-workers 4
 
 ``--demo`` makes a small synthetic dataset (coloured boxes on noise, Roboflow COCO layout) in a
-temporary directory and removes it afterwards. Synthetic-data timings prove the integration
+temporary directory and removes it afterwards. RF-DETR writes its checkpoints (about 0.7 GB per
+run) into ``--output-dir``; the script removes them at the end, saying how many and how big,
+unless ``--keep-checkpoints``. Synthetic-data timings prove the integration
 works; they are not benchmark evidence for real training.
 
 Under a launcher (``traceml run --nproc-per-node N``, ``torchrun``) the script reads
@@ -40,7 +42,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--demo", action="store_true", help="train on a synthetic dataset")
     source.add_argument("--dataset-dir", help="a Roboflow COCO export (train/ valid/ test/)")
-    parser.add_argument("--output-dir", required=True, help="a new directory for checkpoints")
+    parser.add_argument(
+        "--output-dir",
+        required=True,
+        help="a new directory for RF-DETR's output; its checkpoints (about 0.7 GB a run) are "
+        "removed at the end unless --keep-checkpoints",
+    )
+    parser.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep the checkpoints (*.pth) RF-DETR writes into --output-dir",
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=2, help="per rank")
     parser.add_argument("--grad-accum-steps", type=int, default=1)
@@ -193,7 +205,31 @@ def main(argv: list[str] | None = None) -> int:
         if temp_root is not None:
             shutil.rmtree(temp_root, ignore_errors=True)
         _close_process_group()
+    if first_process:
+        _report_checkpoints(output_dir, keep=args.keep_checkpoints)
     return 0
+
+
+def _report_checkpoints(output_dir: Path, *, keep: bool) -> None:
+    """Say where the checkpoints went and how big they are; remove them unless asked to keep
+    them (a demo run leaves ~0.7 GB of them, which adds up over repeated runs)."""
+    found = sorted(p for pattern in ("*.pth", "*.ckpt") for p in output_dir.rglob(pattern))
+    size_mb = sum(p.stat().st_size for p in found if p.is_file()) / 2**20
+    if not found:
+        return
+    if keep:
+        print(
+            f"rfdetr_minimal: {len(found)} checkpoints ({size_mb:.0f} MB) in {output_dir}",
+            file=sys.stderr,
+        )
+        return
+    for path in found:
+        path.unlink(missing_ok=True)
+    print(
+        f"rfdetr_minimal: removed {len(found)} checkpoints ({size_mb:.0f} MB) from {output_dir} "
+        "(--keep-checkpoints keeps them)",
+        file=sys.stderr,
+    )
 
 
 def _close_process_group() -> None:

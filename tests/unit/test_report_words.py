@@ -76,3 +76,22 @@ def test_compare_on_a_directory_without_a_summary_says_so(tmp_path, capsys):
     synthetic_run(unreported, steps=40)  # rank files, no summary yet
     assert main(["compare", str(unreported), str(tmp_path / "good")]) == 2
     assert f"traceml report {unreported}" in capsys.readouterr().err
+
+
+def test_a_real_change_in_a_small_phase_is_shown_not_hidden(tmp_path):
+    # Issue 25's flagship example: Input Wait fell ~80% (its interval far from zero) but was
+    # about 1% of the step: "real, but 1.0% of step", and named on the Phases line.
+    base = dict(forward=50, backward=40, optimizer=5, residual=4)
+    synthetic_run(tmp_path / "a", steps=200, seed=1, noise=0.02, input=1.0, **base)
+    synthetic_run(tmp_path / "b", steps=200, seed=2, noise=0.02, input=0.2, **base)
+    summarise(tmp_path / "a")
+    summarise(tmp_path / "b")
+    result = compare(load_summary(tmp_path / "a"), load_summary(tmp_path / "b"))
+    entry = result["fields"][schema.INPUT_WAIT]
+    assert entry["hidden_rule"] == "material" and entry["ci_change_pct"][1] < -50
+    text = render_comparison(result)
+    row = next(x for x in text.splitlines() if x.startswith("  Input Wait"))
+    assert row.endswith("real, but 1.0% of step"), row
+    assert "hidden" not in row
+    phases = next(x for x in text.splitlines() if x.startswith("Phases that moved: "))
+    assert "real but under 2% of step: Input Wait -8" in phases, phases

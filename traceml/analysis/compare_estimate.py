@@ -196,19 +196,39 @@ def compare_field(
         between_runs=diff.between_runs,
         run_cv_pct=None if diff.run_cv is None else diff.run_cv * 100,
     )
+    entry.update(_decision(fieldname, diff, mean_a, mean_b, drifts, options, step_means))
+    return entry
+
+
+def _decision(
+    fieldname: str,
+    diff: Difference,
+    mean_a: float,
+    mean_b: float,
+    drifts: list[float],
+    options: CompareOptions,
+    step_means: tuple[float, float] | None,
+) -> dict[str, Any]:
+    """Whether the change is called (``significant``), or which rule hid it."""
+    decided: dict[str, Any] = {}
+    if fieldname != schema.STEP and step_means is not None:
+        share = max(_share(mean_a, step_means[0]), _share(mean_b, step_means[1]))
+        decided["step_share_pct"] = 100 * share
+    change = pct_change(diff.log_ratio)
+    finite = math.isfinite(diff.low) and math.isfinite(diff.high)
     excludes_zero = finite and (diff.low > 0 or diff.high < 0)
     rule, hidden = None, None
     if excludes_zero:
         found = _hiding_rule(fieldname, change, mean_a, mean_b, drifts, diff, options, step_means)
         rule, hidden = found or (None, None)
     significant = excludes_zero and rule is None
-    entry.update(
+    decided.update(
         significant=significant,
         hidden_rule=rule,
         hidden_by=hidden,
         status=(SLOWER if change > 0 else FASTER) if significant else NO_CHANGE,
     )
-    return entry
+    return decided
 
 
 def _hiding_rule(
@@ -226,9 +246,7 @@ def _hiding_rule(
         return HIDDEN_MIN_EFFECT, f"under {MIN_EFFECT * 100:.0f}%"
     if fieldname != schema.STEP and step_means is not None:
         step_a, step_b = step_means
-        if max(mean_a / step_a if step_a else 0, mean_b / step_b if step_b else 0) < (
-            MATERIAL_SHARE
-        ):
+        if max(_share(mean_a, step_a), _share(mean_b, step_b)) < MATERIAL_SHARE:
             return HIDDEN_MATERIAL, f"under {MATERIAL_SHARE * 100:.0f}% of step"
     if not diff.between_runs:
         if abs(change) <= options.noise_floor_pct:
@@ -249,6 +267,10 @@ def _sample_sizes(measured_a: list[RunEstimate], measured_b: list[RunEstimate]) 
         "a_cv_pct": _max_cv(measured_a),
         "b_cv_pct": _max_cv(measured_b),
     }
+
+
+def _share(phase_ms: float, step_ms: float) -> float:
+    return phase_ms / step_ms if step_ms else 0.0
 
 
 def _sum_or_none(values: list[float]) -> float | None:

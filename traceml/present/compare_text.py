@@ -10,7 +10,9 @@ from traceml.analysis import input_pipeline, resources
 from traceml.analysis.compare_estimate import (
     CI_LABEL,
     EQUIVALENT,
+    HIDDEN_MATERIAL,
     INCONCLUSIVE,
+    MATERIAL_SHARE,
     MIXED,
     NOISE_FLOOR_GIVEN,
     NOISE_FLOOR_MEASURED,
@@ -133,7 +135,20 @@ def _verdict_lines(result: dict[str, Any]) -> list[str]:
             )
     lines.append(f"Diagnosis: {result['diagnosis']['message']}")
     moved = result["phases_that_moved"]
-    lines.append("Phases that moved: " + (", ".join(moved) if moved else "none significantly"))
+    small = [
+        f"{e['label']} {format_pct(e.get('change_pct'))}"
+        for e in result["fields"].values()
+        if e.get("hidden_rule") == HIDDEN_MATERIAL
+    ]
+    lines.append(
+        "Phases that moved: "
+        + (", ".join(moved) if moved else "none significantly")
+        + (
+            f"; real but under {MATERIAL_SHARE * 100:.0f}% of step: " + ", ".join(small)
+            if small
+            else ""
+        )
+    )
     return lines
 
 
@@ -159,7 +174,10 @@ def _table_lines(result: dict[str, Any]) -> list[str]:
         ci = entry.get("ci_change_pct")
         ci_text = format_interval(ci) if ci else "-"
         status = entry["status"]
-        if entry.get("hidden_by"):
+        if entry.get("hidden_rule") == HIDDEN_MATERIAL:
+            # Real (its interval excludes zero) but too small a part of the step to move it.
+            status = f"real, but {entry['step_share_pct']:.1f}% of step"
+        elif entry.get("hidden_by"):
             status = f"hidden: {entry['hidden_by']}"
         lines.append(
             f"  {entry['label']:<12}{_fmt_ms(entry.get('a_mean_ms')):>9}"
