@@ -439,3 +439,21 @@ def test_write_rank_helper_round_trips(tmp_path):
     write_rank(tmp_path, 0, [header(), step(0, forward=3.0), footer(1)])
     tail = follow(tmp_path).ranks[0]
     assert tail.steps == 1 and tail.closed and tail.recent[0][schema.FORWARD] == 3.0
+
+
+def test_plain_lines_come_once_warmed_up_on_changes_and_every_interval():
+    # Issue 25: a run under a minute never got past "collecting" in plain lines every 30 s.
+    from dataclasses import replace
+
+    from traceml.present.live_terminal import LineSchedule
+
+    waiting = build_view({}, run="r")
+    schedule = LineSchedule(30.0, now=0.0)
+    assert not schedule.due(waiting, 1.0)  # nothing to say yet
+    numbers = replace(waiting, state=COLLECTING, median_step_ms=100.0)
+    assert schedule.due(numbers, 2.0)  # the warm-up is over: numbers at once
+    assert not schedule.due(numbers, 3.0)
+    verdict = replace(numbers, state=PROVISIONAL, verdict_kind="INPUT_BOUND")
+    assert schedule.due(verdict, 4.0)  # the provisional verdict at once
+    assert not schedule.due(verdict, 33.0)
+    assert schedule.due(verdict, 34.0)  # then every interval
