@@ -148,3 +148,109 @@ def test_integration_registry_is_lazy():
     # Strings, so integration modules load only when their library does.
     for target in bootstrap.INTEGRATION_HOOKS.values():
         assert isinstance(target, str) and ":" in target
+
+
+@pytest.mark.parametrize(
+    "door", ["import_hooks.finder", "import_hooks.loader", "import_hooks.runner"]
+)
+def test_a_failing_import_door_still_runs_the_module_exactly_once(
+    door, tmp_path, monkeypatch, capsys
+):
+    from traceml.capture import guard
+
+    name = "traceml_hook_door_" + door.rsplit(".", 1)[1]
+    (tmp_path / f"{name}.py").write_text(
+        "import builtins\n"
+        "builtins.traceml_door_runs = getattr(builtins, 'traceml_door_runs', 0) + 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(guard, "_inject", door)
+    import builtins
+
+    builtins.traceml_door_runs = 0
+    try:
+        import_hooks.register_post_import_hook(name, lambda module: None)
+        module = __import__(name)
+        assert builtins.traceml_door_runs == 1
+        assert module.__loader__ is module.__spec__.loader
+        assert "Chained" not in type(module.__loader__).__name__ or door == "import_hooks.loader"
+        assert f"InjectedFault: fault injected into {door}" in capsys.readouterr().err
+    finally:
+        del builtins.traceml_door_runs
+        sys.modules.pop(name, None)
+        import_hooks._pending.pop(name, None)
+
+
+class CostOwner:
+    own_cost_ns = 0
+
+    def _entry_failed(self, name, exc):
+        raise AssertionError(name)
+
+
+def test_own_cost_is_counted_per_thread():
+    """An entry point on another thread, while the training thread is inside one, still adds
+    its time to its own owner (the depth was process-wide: it added nothing)."""
+    import threading
+
+    from traceml.capture import guard
+
+    inside, done = threading.Event(), threading.Event()
+
+    @guard.entry_point("test.blocking_door", "a door that waits")
+    def blocking(owner):
+        inside.set()
+        done.wait(10)
+
+    @guard.entry_point("test.quick_door", "a door on another thread")
+    def quick(owner):
+        guard.clock_ns()
+
+    try:
+        training, background = CostOwner(), CostOwner()
+        thread = threading.Thread(target=blocking, args=(training,))
+        thread.start()
+        assert inside.wait(10)
+        quick(background)
+        done.set()
+        thread.join(10)
+        assert background.own_cost_ns > 0 and training.own_cost_ns > 0
+    finally:
+        guard.ENTRY_POINTS.pop("test.blocking_door", None)
+        guard.ENTRY_POINTS.pop("test.quick_door", None)
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("str() of this exception fails")
+
+
+def test_a_failure_whose_message_cannot_be_formatted_stays_inside_traceml(monkeypatch):
+    from traceml.capture import guard
+
+    switched = []
+    monkeypatch.setattr(guard, "_process_switches", [lambda: switched.append(True)])
+
+    @guard.entry_point("test.unprintable_door", "a door raising an unprintable error", owner_arg=-1)
+    def door():
+        raise Unprintable()
+
+    try:
+        assert door() is None  # nothing raised into the caller
+        assert switched == [True]
+    finally:
+        guard.ENTRY_POINTS.pop("test.unprintable_door", None)
+
+
+def test_a_failure_with_no_owner_turns_tracing_off_for_the_process(monkeypatch):
+    from traceml.capture import guard
+
+    monkeypatch.setattr(guard, "_process_switches", [])
+    bootstrap.reset_for_tests()
+    try:
+        bootstrap._state.settings = object()
+        bootstrap.register_integrations({})
+        guard.failed(None, "test door", ValueError("x"))
+        assert bootstrap.active_settings() is None
+    finally:
+        bootstrap.reset_for_tests()

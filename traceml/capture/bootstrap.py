@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 # loads only when its library does.
 INTEGRATION_HOOKS: dict[str, str] = {
     "rfdetr.training": "traceml.capture.frameworks.rfdetr:on_import",
-    "pytorch_lightning": "traceml.capture.frameworks.lightning:on_import",
-    "lightning.pytorch": "traceml.capture.frameworks.lightning:on_import",
+    "pytorch_lightning": "traceml.capture.frameworks.lightning_attach:on_import",
+    "lightning.pytorch": "traceml.capture.frameworks.lightning_attach:on_import",
+    "torch": "traceml.capture.frameworks.torch_loop:on_import",
+    "transformers.trainer": "traceml.capture.frameworks.hf_trainer:on_import",
 }
 
 ROLE_WORKER = "worker"
@@ -106,7 +108,11 @@ def activate(
 
 
 def register_integrations(hooks: Mapping[str, str] | None = None) -> None:
+    from traceml.capture import guard
     from traceml.capture.import_hooks import register_post_import_hook
+
+    # A failing door with no owner turns tracing off for the process (traceml.capture.guard).
+    guard.on_unowned_failure(deactivate)
 
     for module_name, target in (INTEGRATION_HOOKS if hooks is None else hooks).items():
         register_post_import_hook(module_name, _deferred(target))

@@ -13,15 +13,20 @@ with :func:`entry_point`, which
 * adds the time spent inside to the owner's ``own_cost_ns``, when the owner keeps one (the
   per-step "traceml's own cost" figure).
 
-Wrappers that call the user's function (fetch, transfer, collectives) never call it inside a
-guarded function: they call a guarded "before" and a guarded "after" around it, so the user's
-call runs exactly once and its exceptions reach the user unchanged.
+One mechanism for every place that sits between the user's call and the user's code (the
+``Trainer.fit`` wrapper, the fetch and transfer wrappers, the collective wrappers, the
+DataLoader's iterator and fetcher, the import finder, loader and hook runner): the wrapper
+never calls the user's function inside a guarded function. It calls a guarded "before" and a
+guarded "after" (an :func:`entry_point`, or :func:`guarded_call` for a door registered by name)
+around the delegation, so a failure in traceml's part still runs the user's code exactly once
+and the user's exceptions reach the user unchanged. The fault-injection suite breaks each one.
 
 ``TRACEML_FAULT_INJECT=<entry point>`` (tests only) makes that door raise, to prove the above.
 """
 
 from __future__ import annotations
 
+import _thread
 import functools
 import time
 
@@ -38,8 +43,27 @@ clock_ns = time.perf_counter_ns
 
 # name -> one line saying what calls it.
 ENTRY_POINTS: dict[str, str] = {}
-# How many entry points are running now (nested calls are counted once, by the outermost).
-_depth = 0
+
+
+class _PerThread(_thread._local):
+    """How many entry points this thread is inside (nested calls are counted once, by the
+    outermost). Per thread: a sampler or checkpoint thread entering traceml while the training
+    thread is inside an entry point must not hide either one's cost."""
+
+    depth = 0
+
+
+_here = _PerThread()
+# Called when a door with no owner fails (no callback to turn off): turn tracing off for the
+# whole process. Filled by whoever activated tracing (traceml.capture.bootstrap), so that this
+# module imports nothing of the activation side (no import cycle).
+_process_switches: list[Callable[[], None]] = []
+
+
+def on_unowned_failure(switch_off: Callable[[], None]) -> None:
+    """Have ``switch_off()`` called when a door with no owner fails (idempotent)."""
+    if switch_off not in _process_switches:
+        _process_switches.append(switch_off)
 
 
 class InjectedFault(RuntimeError):
@@ -74,10 +98,10 @@ def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0
     def decorate(function: Callable) -> Callable:
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            global _depth
             owner = args[owner_arg] if owner_arg >= 0 and len(args) > owner_arg else None
             start = clock_ns()
-            _depth += 1
+            here = _here
+            here.depth += 1
             try:
                 if _inject == name:
                     raise InjectedFault(f"fault injected into {name}")
@@ -86,9 +110,9 @@ def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0
                 failed(owner, name, exc)
                 return default
             finally:
-                _depth -= 1
+                here.depth -= 1
                 # An entry point called from inside another is already in the outer's time.
-                if owner is not None and not _depth:
+                if owner is not None and not here.depth:
                     try:
                         owner.own_cost_ns += clock_ns() - start
                     except Exception:
@@ -113,21 +137,27 @@ def failed(owner: Any, name: str, exc: BaseException) -> None:
     # process, as the warning says. Otherwise a later door would trace what this one should
     # have: after rfdetr.build_trainer failed, the plain Trainer.fit hook traced RF-DETR as
     # generic Lightning, past RF-DETR's unsupported-model checks.
-    try:
-        from traceml.capture import bootstrap
-
-        bootstrap.deactivate()
+    for switch_off in list(_process_switches):
+        try:
+            switch_off()
+        except Exception:
+            pass
+    try:  # str(exc) runs the exception's own code: it may raise too
+        console.warn(
+            f"tracing disabled: {name} failed ({type(exc).__name__}: {exc}); "
+            "training continues untraced",
+            key="guard:" + name,
+            all_ranks=True,
+        )
     except Exception:
         pass
-    console.warn(
-        f"tracing disabled: {name} failed ({type(exc).__name__}: {exc}); "
-        "training continues untraced",
-        key="guard:" + name,
-        all_ranks=True,
-    )
 
 
+# Registered by name: traceml.capture.import_hooks calls them through guarded_call.
 ENTRY_POINTS["import hook"] = "a post-import hook, when a watched library is imported"
+ENTRY_POINTS["import_hooks.runner"] = "taking the hooks of a watched module, once imported"
+ENTRY_POINTS["import_hooks.finder"] = "the import finder, chaining a watched module's loader"
+ENTRY_POINTS["import_hooks.loader"] = "the chained loader, before the watched module runs"
 
 
 def guarded_call(name: str, piece: str, function: Callable, *args: Any) -> Any:

@@ -49,25 +49,37 @@ def pending_hooks() -> dict[str, int]:
 
 
 def _fire(module: ModuleType) -> None:
+    """The hook runner: every hook waiting on ``module``, each guarded on its own."""
+    from traceml.capture.guard import guarded_call
+
+    hooks = guarded_call(_RUNNER, "the import hook runner", _take_hooks, module) or ()
     name = module.__name__
-    with _lock:
-        hooks = _pending.pop(name, [])
     # A module may replace itself in sys.modules while executing; hooks want the final object.
     module = sys.modules.get(name, module)
-    if hooks:
-        # Loaded only now, when a watched library is imported: never at interpreter start.
-        from traceml.capture.guard import guarded_call
-
-        for hook in hooks:
-            # Never breaks the user's import.
-            guarded_call(_IMPORT_HOOK, f"the import hook for {name}", hook, module)
+    for hook in hooks:
+        # Never breaks the user's import.
+        guarded_call(_IMPORT_HOOK, f"the import hook for {name}", hook, module)
 
 
+def _take_hooks(module: ModuleType) -> list[Hook]:
+    with _lock:
+        return _pending.pop(module.__name__, [])
+
+
+# Entry points (traceml.capture.guard) by name: registered there, called through guarded_call.
 _IMPORT_HOOK = "import hook"
+_RUNNER = "import_hooks.runner"
+_FINDER = "import_hooks.finder"
+_LOADER = "import_hooks.loader"
 
 
 class _PostImportFinder:
-    """A meta path finder (the protocol is duck-typed; importlib.abc costs ~8 ms to import)."""
+    """A meta path finder (the protocol is duck-typed; importlib.abc costs ~8 ms to import).
+
+    Between the import statement and the module's code: finding the spec is delegated to the
+    other finders as untraced (their errors are the import's); traceml's part, putting a
+    loader in front of the module's own, is guarded and leaves the spec as found if it fails.
+    """
 
     def __init__(self) -> None:
         self._resolving: set[str] = set()
@@ -88,11 +100,20 @@ class _PostImportFinder:
             self._resolving.discard(fullname)
         if spec is None or spec.loader is None or isinstance(spec.loader, _ChainedLoader):
             return spec
-        spec.loader = _ChainedLoader(spec.loader)
+        from traceml.capture.guard import guarded_call
+
+        guarded_call(_FINDER, "the import hook finder", _chain_loader, spec)
         return spec
 
 
+def _chain_loader(spec: ModuleSpec) -> None:
+    spec.loader = _ChainedLoader(spec.loader)
+
+
 class _ChainedLoader:
+    """The module's own loader runs the module exactly once; traceml's parts before (giving
+    the module its real loader back) and after (the hooks) are guarded."""
+
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
 
@@ -100,9 +121,14 @@ class _ChainedLoader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        from traceml.capture.guard import guarded_call
+
+        guarded_call(_LOADER, "the import hook loader", self._show_real_loader, module)
+        self._loader.exec_module(module)  # the module's own code and errors, untouched
+        _fire(module)
+
+    def _show_real_loader(self, module: ModuleType) -> None:
         # The module must see its real loader (importlib.resources, pkgutil and reloads use it).
         module.__loader__ = self._loader
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        _fire(module)
