@@ -130,3 +130,48 @@ def test_rfdetr_slow_dataset_is_attributed_to_getitem(tmp_path, workers):
     per_sample = sums["getitem_ms"] / sums["samples"]
     assert RFDETR_SLEEP_MS <= per_sample <= 1.10 * RFDETR_SLEEP_MS, per_sample
     assert sums["collate_ms"] < 0.10 * sums["getitem_ms"]
+
+
+def test_a_killed_training_leaves_no_counters_file(tmp_path):
+    """SIGKILL (the OOM killer) gives traceml no chance to clean up: the spawned workers'
+    counters file must still go (multiprocessing's resource tracker removes it)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    env = traced_env(
+        tmp_path / "logs",
+        "a",
+        IP_BATCH_SIZE=2,
+        IP_BATCHES=400,
+        IP_NUM_WORKERS=1,
+        IP_MP_CONTEXT="spawn",
+        IP_STEP_SLEEP_MS=50,
+    )
+    process = subprocess.Popen(
+        [str(PYTHON), str(SCRIPT)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    shm = Path("/dev/shm")
+    mine = f"traceml-input-{process.pid}-"
+    rank_file = tmp_path / "logs" / "a" / "ranks" / "rank_0.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if rank_file.exists() and b'"step"' in rank_file.read_bytes():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the training never reached a step")
+        assert [p for p in shm.glob(mine + "*")], "no counters file while training"
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(30)
+    deadline = time.monotonic() + 60
+    while list(shm.glob(mine + "*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not list(shm.glob(mine + "*"))

@@ -97,5 +97,5 @@ def test_a_failure_inside_traceml_never_reaches_the_batch(monkeypatch):
     timing, _ = dataloader.install_input_timing(loader, owner)
     monkeypatch.setattr(timing, "_here", lambda: 1 / 0)
     assert next(iter(loader)) == ("made", [[0], [1], [2], [3]])
-    assert owner.failures == ["dataloader.getitem"]
+    assert owner.failures == ["dataloader.batch"]
     timing.uninstall()

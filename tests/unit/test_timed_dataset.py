@@ -1,12 +1,23 @@
-"""The timed dataset class times a batch once and changes nothing the user's dataset returns."""
+"""The input timing times a batch once and changes nothing the user's objects do or are.
+
+The user's dataset, DataLoader and collate_fn keep their class and attributes while timed
+(pickle, deepcopy, validation loaders over the same dataset); the counters' sequence lock never
+hands out a half-written slot; the process-wide start method is left unset.
+"""
 
 from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+import pickle
+import struct
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from traceml.capture.instruments import dataloader
+from traceml.capture.instruments import dataloader, input_counters
 
 
 class Squares(Dataset):
@@ -27,45 +38,174 @@ class SquaresWithGetitems(Squares):
         return [torch.tensor([i * i]) for i in indices]
 
 
-class Recorder:
-    on = True
-
+class Owner:
     def __init__(self) -> None:
-        self.made: list[int] = []
+        self.failures: list[str] = []
 
-    def sample_made(self, start: int, samples: int) -> None:
-        self.made.append(samples)
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        self.failures.append(name)
+
+
+def stack(batch):
+    return torch.stack(batch)
+
+
+@pytest.fixture
+def timed():
+    """install_input_timing on a loader, uninstalled after the test."""
+    installed = []
+
+    def install(loader):
+        timing, reason = dataloader.install_input_timing(loader, Owner())
+        assert reason is None
+        installed.append(timing)
+        return timing
+
+    yield install
+    for timing in installed:
+        timing.uninstall()
 
 
 @pytest.mark.parametrize("base", [Squares, SquaresWithGetitems])
-def test_one_timing_per_batch_and_the_same_batches(monkeypatch, base):
-    plain, timed = base(), base()
-    timed.__class__ = dataloader.timed_dataset_class(base)
-    recorder = Recorder()
-    monkeypatch.setattr(dataloader, "_active", recorder)
+def test_one_timing_per_batch_and_the_same_batches(timed, base):
+    plain, traced = base(), base()
     expected = [b.tolist() for b in DataLoader(plain, batch_size=4)]
-    got = [b.tolist() for b in DataLoader(timed, batch_size=4)]
+    loader = DataLoader(traced, batch_size=4)
+    timing = timed(loader)
+    got = [b.tolist() for b in loader]
     assert got == expected
-    assert timed.calls == plain.calls  # the user's own methods, called exactly as untimed
-    assert recorder.made == [4, 4, 2]
+    assert traced.calls == plain.calls  # the user's own methods, called exactly as untimed
+    (producer,) = timing.epoch_record(0)["producers"]
+    assert producer["batches"] == 3 and producer["samples"] == 10
 
 
-def test_unbatched_loading_times_each_item(monkeypatch):
-    timed = Squares()
-    timed.__class__ = dataloader.timed_dataset_class(Squares)
-    recorder = Recorder()
-    monkeypatch.setattr(dataloader, "_active", recorder)
-    assert [b.tolist() for b in DataLoader(timed, batch_size=None)][:2] == [[0], [1]]
-    assert recorder.made == [1] * 10
+def test_unbatched_loading_times_each_item(timed):
+    loader = DataLoader(Squares(), batch_size=None)
+    timing = timed(loader)
+    assert [b.tolist() for b in loader][:2] == [[0], [1]]
+    (producer,) = timing.epoch_record(0)["producers"]
+    assert producer["batches"] == 10 and producer["samples"] == 10
 
 
-def test_a_user_error_passes_through_untouched(monkeypatch):
+def test_a_user_error_passes_through_untouched(timed):
     class Broken(Squares):
         def __getitem__(self, index: int) -> torch.Tensor:
             raise KeyError(f"no item {index}")
 
-    timed = Broken()
-    timed.__class__ = dataloader.timed_dataset_class(Broken)
-    monkeypatch.setattr(dataloader, "_active", Recorder())
+    loader = DataLoader(Broken(), batch_size=4)
+    timed(loader)
     with pytest.raises(KeyError, match="no item 0"):
-        next(iter(DataLoader(timed, batch_size=4)))
+        next(iter(loader))
+
+
+def test_the_users_objects_keep_their_class_and_pickle_as_untraced(timed):
+    dataset = Squares()
+    loader = DataLoader(dataset, batch_size=4, collate_fn=stack)
+    timed(loader)
+    iterator = iter(loader)
+    next(iterator)  # mid-epoch, as in a training_step
+    assert type(dataset) is Squares and type(loader) is DataLoader and loader.collate_fn is stack
+    for obj in (dataset, stack):
+        assert b"traceml" not in pickle.dumps(obj)
+    assert type(copy.deepcopy(dataset)) is Squares
+    buffer = pickle.loads(pickle.dumps(dataset))
+    assert type(buffer) is Squares and buffer.calls == dataset.calls
+
+
+def test_a_validation_loader_over_the_same_dataset_is_not_counted(timed):
+    dataset = Squares()
+    train = DataLoader(dataset, batch_size=5)
+    timing = timed(train)
+    list(train)
+    list(DataLoader(dataset, batch_size=2))  # validation, sharing the dataset
+    (producer,) = timing.epoch_record(0)["producers"]
+    assert producer["batches"] == 2 and producer["samples"] == 10
+
+
+def test_a_failure_inside_traceml_never_reaches_the_batch(timed, monkeypatch):
+    loader = DataLoader(Squares(), batch_size=4, collate_fn=stack)
+    timing = timed(loader)
+    monkeypatch.setattr(timing, "_here", lambda: 1 / 0)
+    assert next(iter(loader)).tolist() == [[0], [1], [4], [9]]
+    assert timing.observer.failures == ["dataloader.batch"]
+
+
+def test_everything_is_undone():
+    dataset = Squares()
+    loader = DataLoader(dataset, batch_size=4, collate_fn=stack)
+    timing, _ = dataloader.install_input_timing(loader, Owner())
+    list(loader)
+    timing.uninstall()
+    assert DataLoader.__dict__["_get_iterator"] is not dataloader._timed_get_iterator
+    assert "worker_init_fn" in loader.__dict__ and loader.worker_init_fn is None
+
+
+def test_the_process_wide_start_method_is_left_unset(timed, monkeypatch):
+    # A fresh default context, as in a new process: nothing has chosen a method yet.
+    context = multiprocessing.context._default_context
+    monkeypatch.setattr(context, "_actual_context", None)
+    loader = DataLoader(Squares(), batch_size=4)
+    timing = timed(loader)
+    list(loader)
+    assert timing.epoch_record(0)["start_method"] in multiprocessing.get_all_start_methods()
+    assert multiprocessing.get_start_method(allow_none=True) is None
+
+
+def test_install_failing_half_way_leaves_no_file(monkeypatch):
+    made = []
+    real = input_counters.file_backed_map
+
+    def file_backed_map():
+        shared, path = real()
+        made.append(path)
+        return shared, path
+
+    monkeypatch.setattr(input_counters, "file_backed_map", file_backed_map)
+    monkeypatch.setattr(dataloader, "_wrap_get_iterator", lambda cls: 1 / 0)
+    loader = DataLoader(Squares(), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(ZeroDivisionError):
+        dataloader.install_input_timing(loader, Owner())
+    assert made and not os.path.exists(made[0])
+
+
+class ByteByByte:
+    """A struct.Struct whose pack_into writes one byte at a time and lets a reader look after
+    each byte: a real writer can be interrupted anywhere, and the reader must never accept a
+    slot that is neither the old nor the new one."""
+
+    def __init__(self, real: struct.Struct, check) -> None:
+        self.real, self.check, self.size = real, check, real.size
+
+    def pack_into(self, buffer, offset, *values):
+        data = self.real.pack(*values)
+        for index, byte in enumerate(data):
+            buffer[offset + index] = byte
+            self.check()
+
+    def unpack_from(self, buffer, offset=0):
+        return self.real.unpack_from(buffer, offset)
+
+
+def test_a_reader_never_accepts_a_half_written_slot(monkeypatch):
+    shared = bytearray(input_counters.MAP_SIZE)
+    counters = input_counters.ProcessCounters(pid=7, slot=1)
+    counters.samples, counters.batches = 4, 1
+    counters.publish(shared)
+    old = input_counters.read_slots(shared)[1]
+    counters.samples, counters.batches, counters.getitem_ns = 8, 2, 10**12
+    seen = []
+
+    def check():
+        slot = input_counters.read_slots(shared).get(1)
+        seen.append(slot)
+
+    for name in ("_SEQ", "_DATA", "_SLOT"):
+        if hasattr(input_counters, name):
+            monkeypatch.setattr(
+                input_counters, name, ByteByByte(getattr(input_counters, name), check)
+            )
+    counters.publish(shared)
+    monkeypatch.undo()
+    new = input_counters.read_slots(shared)[1]
+    assert new != old
+    assert {slot for slot in seen if slot is not None} <= {old, new}
