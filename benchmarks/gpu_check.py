@@ -14,6 +14,13 @@ gpu_forward_ms / gpu_optimizer_ms medians, injected minus traced), the peak allo
 reserved memory the traced runs recorded, and the traced/plain training-loop time ratio.
 
     python benchmarks/gpu_check.py               # ~3-5 minutes on one GPU
+    python benchmarks/gpu_check.py --nccl-only   # the NCCL cases alone, ~20 s
+
+Before the trainings, the NCCL cases (one rank, a real NCCL process group, traceml's comm and
+device timers driven by hand around known device work): device time between an async
+collective's launch and its ``wait()`` is compute, not waiting (measured ~0, not the injected
+sleep); two async collectives waited together are counted once (merged); a phase's device own
+time is never negative. Issue 20; the same rules are unit-tested with fake events.
     python benchmarks/gpu_check.py --inject-ms 20 --images 96 --pairs 2
 
 Needs torch with CUDA, rfdetr[train] and this repository's traceml installed (pip install -e .).
@@ -162,6 +169,86 @@ def run_child(mode: str, args: argparse.Namespace, work: Path, rate: float) -> d
     return out
 
 
+# ----------------------------------------------------------------------------------------------
+# NCCL cases (one rank)
+
+
+def nccl_child(rate: float, sleep_ms: float = 10.0) -> int:
+    """Drive traceml's CommTimer and CUDA step timer by hand around known device work."""
+    import torch
+    import torch.distributed as dist
+
+    from traceml import schema
+    from traceml.capture.cuda_timing import cuda_step_timer
+    from traceml.capture.instruments.distributed import CommTimer
+    from traceml.capture.step_clock import StepClock
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    tensor = torch.ones(1 << 22, device=device)
+    now = time.perf_counter_ns
+    results = {}
+    for case in ("compute_between_launch_and_wait", "two_async_waited_together", "sync"):
+        clock = StepClock(origin_ns=0, comm_enabled=True)
+        gpu = cuda_step_timer(device)
+        gpu.comm_enabled = True
+        timer = CommTimer(on_failure=lambda reason: print("traceml failed:", reason))
+        timer.clock, timer.gpu = clock, gpu
+        timer.install_collectives(dist)
+        timer.active = True
+        for _step in range(3):
+            clock.fetched(now(), now())
+            gpu.step_started()
+            clock.forward_started(now())
+            gpu.phase_started("forward")
+            if case == "sync":
+                dist.all_reduce(tensor)
+                torch.cuda._sleep(int(sleep_ms * rate))
+            else:
+                works = [dist.all_reduce(tensor, async_op=True)]
+                if case == "two_async_waited_together":
+                    works.append(dist.all_reduce(tensor.clone(), async_op=True))
+                torch.cuda._sleep(int(sleep_ms * rate))  # compute overlapping the collective
+                for work in works:
+                    work.wait()
+            gpu.phase_ended("forward")
+            clock.forward_ended(now())
+            clock.optimizer_started(now())
+            record = clock.batch_ended(now())
+            gpu.step_ended(record)
+        records = list(gpu.drain())
+        timer.uninstall()
+        last = records[-1]
+        comm = last.get(schema.GPU_COMM_OF_PHASE[schema.FORWARD])
+        forward = last.get(schema.GPU_FORWARD)
+        results[case] = {"gpu_forward_ms": forward, "gpu_comm_forward_ms": comm}
+        own_ok = comm is not None and forward is not None and forward - comm >= 0
+        print(
+            f"  nccl {case:<34} device forward {forward:8.2f} ms, of it waiting {comm:6.2f} ms"
+            f" (compute {sleep_ms:g} ms is not waiting: {'ok' if comm < sleep_ms / 2 else 'OFF'};"
+            f" own time >= 0: {'ok' if own_ok else 'OFF'})",
+            flush=True,
+        )
+    dist.destroy_process_group()
+    print("NCCL_RESULT " + json.dumps(results), flush=True)
+    return 0
+
+
+def run_nccl_cases(rate: float) -> None:
+    result = subprocess.run(
+        [sys.executable, __file__, "--nccl-child", "--cycles-per-ms", str(rate)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    print(result.stdout, end="")
+    if result.returncode:
+        print(f"  nccl cases failed (exit {result.returncode}): {result.stderr[-2000:]}")
+
+
 def median_of(runs: list[dict], fieldname: str) -> float | None:
     values = [(r["summary"]["overall"]["phases"].get(fieldname) or {}).get("median") for r in runs]
     values = [v for v in values if v is not None]
@@ -178,9 +265,13 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--resolution", type=int, default=384)
     parser.add_argument("--pairs", type=int, default=2, help="plain/traced/injected rounds")
+    parser.add_argument("--nccl-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nccl-only", action="store_true", help="only the NCCL cases")
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.nccl_child:
+        return nccl_child(args.cycles_per_ms)
 
     try:
         import torch
@@ -192,6 +283,10 @@ def main() -> int:
         return 0
     rate = cycles_per_ms()
     print(f"device: {torch.cuda.get_device_name(0)}; torch.cuda._sleep: {rate:,.0f} cycles/ms")
+    print("NCCL cases (one rank):")
+    run_nccl_cases(rate)
+    if args.nccl_only:
+        return 0
     runs: dict[str, list[dict]] = {"plain": [], "traced": [], "injected": []}
     with tempfile.TemporaryDirectory(prefix="traceml-gpu-check-") as tmp:
         work = Path(tmp)

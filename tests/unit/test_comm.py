@@ -11,7 +11,7 @@ from traceml import schema
 from traceml.analysis.diagnose import diagnose
 from traceml.analysis.reduce import reduce_run
 from traceml.capture.cuda_timing import CudaStepTimer
-from traceml.capture.instruments.distributed import COLLECTIVES, CommTimer, TimedWork, payload_bytes
+from traceml.capture.instruments.distributed import COLLECTIVES, CommTimer, payload_bytes
 from traceml.capture.step_clock import StepClock
 from traceml.finalize import summarise
 
@@ -102,11 +102,12 @@ def test_single_process_comm_fields_are_null_not_zero():
 
 def fake_dist(now: FakeClock, log: list[str]) -> types.SimpleNamespace:
     dist = types.SimpleNamespace()
+    dist.Work = type("Work", (FakeWork,), {})  # one class per test: wait() is wrapped on it
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         log.append("all_reduce")
         if async_op:
-            return FakeWork(now, log)
+            return dist.Work(now, log)
         now.advance(7)
         return None
 
@@ -176,7 +177,7 @@ def test_async_collective_is_timed_at_its_wait():
     now, _log, _failures, clock, _timer, dist, _ = timed_setup()
     open_step(clock)
     work = dist.all_reduce(Tensor(64), async_op=True)
-    assert isinstance(work, TimedWork) and work.note == "original"  # the rest is forwarded
+    assert type(work) is dist.Work and work.note == "original"  # torch's own object
     clock.backward_started(now())
     assert work.wait() is True
     clock.backward_ended(now())
@@ -220,6 +221,7 @@ def test_uninstall_puts_the_originals_back():
     assert dist.all_reduce.__name__ == "all_reduce"  # wrapped like the original
     timer.uninstall()
     assert vars(dist) == originals
+    assert "wait" not in vars(dist.Work)
 
 
 def test_payload_bytes():
@@ -465,3 +467,170 @@ def test_every_rank_waiting_alike_is_comm_bound_and_balanced_ranks_are_not_strag
     synthetic_run(tmp_path / "balanced", ranks=4, noise=0.03, **quiet)
     kinds = [v["kind"] for v in summarise(tmp_path / "balanced")[0]["verdicts"]]
     assert "COMM_BOUND" not in kinds and "STRAGGLER" not in kinds
+
+
+# ----------------------------------------------------------------------------------------------
+# Transparency and threads (issue 20)
+
+
+def test_an_async_collectives_work_is_torchs_own_object():
+    _now, log, _failures, clock, _timer, dist, _ = timed_setup()
+    open_step(clock)
+    work = dist.all_reduce(Tensor(64), async_op=True)
+    assert isinstance(work, dist.Work) and type(work) is dist.Work
+    assert work.wait() is True and log == ["all_reduce", "wait"]
+
+
+def test_a_collective_from_another_thread_is_not_charged_to_the_training_step():
+    import threading
+
+    now, log, failures, clock, _timer, dist, _ = timed_setup()
+    open_step(clock)
+    clock.forward_started(now())
+    thread = threading.Thread(target=dist.barrier)  # e.g. async checkpointing's sync
+    thread.start()
+    thread.join(10)
+    dist.barrier()  # the training thread's own: counted
+    clock.forward_ended(now())
+    clock.optimizer_started(now())
+    record = clock.batch_ended(now())
+    assert log == ["barrier", "barrier"] and not failures
+    assert record[schema.COMM_COUNT] == 1
+    assert record[schema.COMM_OF_PHASE[schema.FORWARD]] == 3.0
+
+
+def test_a_timed_call_on_another_thread_does_not_hide_the_training_threads_collective():
+    """The nesting depth is per thread: while another thread is inside a timed bucket hook,
+    the training thread's own collective still counts."""
+    import threading
+
+    now, _log, failures, clock, timer, dist, _ = timed_setup()
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_hook(state, bucket):
+        inside.set()
+        release.wait(10)
+        return FakeFuture()
+
+    hook = timer.bucket_hook(slow_hook)
+    open_step(clock)
+    clock.backward_started(now())
+    thread = threading.Thread(target=hook, args=(None, Bucket()))  # CUDA: autograd's thread
+    thread.start()
+    assert inside.wait(10)
+    dist.barrier()
+    release.set()
+    thread.join(10)
+    clock.backward_ended(now())
+    clock.optimizer_started(now())
+    record = clock.batch_ended(now())
+    assert record[schema.COMM_OF_PHASE[schema.BACKWARD]] == 3.0 and not failures
+
+
+def test_nccl_async_wait_starts_at_wait_not_at_launch():
+    """Compute between the launch and wait() is not waiting: the device interval starts at
+    wait(). The collective completes at device time 15; wait() is at 10: 5 ms waited."""
+    host, device = FakeClock(), Device()
+    clock = StepClock(origin_ns=0, comm_enabled=True)
+    gpu = CudaStepTimer(new_event=lambda: Event(device), comm_enabled=True)
+    timer = CommTimer(on_failure=lambda reason: pytest.fail(reason), now=host)
+    timer.clock, timer.gpu = clock, gpu
+    dist = types.SimpleNamespace()
+
+    class Work:
+        def wait(self):
+            device.now = max(device.now, 15.0)  # the stream waits for the collective
+            return True
+
+    dist.Work = Work
+
+    def all_reduce(tensor, async_op=False):
+        return Work() if async_op else None
+
+    dist.all_reduce = all_reduce
+    timer.install_collectives(dist)
+    timer.active = True
+    host.advance(1)
+    clock.fetched(0, host())
+    gpu.step_started()
+    clock.forward_started(host())
+    gpu.phase_started("forward")
+    work = dist.all_reduce(Tensor(4), async_op=True)  # launched at device time 0
+    device.now = 10.0  # compute overlapping the collective
+    work.wait()
+    device.now = 16.0
+    gpu.phase_ended("forward")
+    clock.forward_ended(host())
+    clock.optimizer_started(host())
+    record = clock.batch_ended(host())
+    gpu.step_ended(record)
+    (done,) = list(gpu.ready())
+    assert done[schema.GPU_COMM_OF_PHASE[schema.FORWARD]] == 5.0
+    timer.uninstall()
+
+
+DDP_HOOKS = r"""
+import os, sys, json
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from traceml.capture.instruments.distributed import CommTimer
+from traceml.capture.step_clock import StepClock
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+calls = []
+
+def user_hook(state, bucket):
+    calls.append(state)
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+def train(ddp):
+    ddp(torch.ones(1, 2)).sum().backward()
+
+outcome = {}
+for case in ("late", "twice"):
+    timer = CommTimer(on_failure=lambda reason: print("FAIL", reason))
+    timer.clock = StepClock(origin_ns=0, comm_enabled=True)
+    timer.wrap_hook_registration()
+    ddp = DDP(torch.nn.Linear(2, 1))
+    timer.install_collectives(dist)
+    timer.attach_buckets(ddp)  # traceml attached first (on_train_start)
+    timer.active = True
+    ddp.register_comm_hook("user state", user_hook)  # e.g. the user's own on_train_start
+    try:
+        if case == "twice":
+            ddp.register_comm_hook("again", user_hook)
+        outcome[case] = "registered"
+    except RuntimeError as exc:
+        outcome[case] = str(exc).splitlines()[0]
+    train(ddp)
+    outcome[case + "_hooks"] = [state for _, state in ddp._comm_hooks]
+    timer.uninstall()
+outcome["calls"] = calls
+print(json.dumps(outcome))
+"""
+
+
+def test_a_user_comm_hook_registered_after_traceml_attached_is_the_one_that_runs(tmp_path):
+    """DDP allows one communication hook: the user's, registered after traceml attached,
+    must be accepted and run (it raised 'can only be called once'); a second registration
+    still fails exactly as untraced."""
+    import json
+    import random
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_hooks.py"
+    script.write_text(DDP_HOOKS)
+    port = str(random.randint(20000, 40000))
+    result = subprocess.run(
+        [sys.executable, str(script), port], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["late"] == "registered"
+    assert "can only be called once" in outcome["twice"]
+    assert outcome["late_hooks"] == ["user state"]
+    assert outcome["calls"] == ["user state", "user state"]

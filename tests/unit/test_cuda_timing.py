@@ -138,3 +138,41 @@ def test_abandoned_step_is_never_reported():
     timer.abandon_step()
     timer.step_ended({})
     assert timer.queued == 0
+
+
+def comm_step(device, intervals, backward=(8, 16)):
+    """One step (0..20) whose backward holds the device comm ``intervals`` (start, end)."""
+    timer = CudaStepTimer(new_event=lambda: FakeEvent(device), comm_enabled=True)
+    device.now = 0
+    timer.step_started()
+    device.now = backward[0]
+    timer.phase_started("backward")
+    for start, end in intervals:
+        device.now = start
+        first = timer.mark()
+        device.now = end
+        timer.add_comm(schema.BACKWARD, first, timer.mark())
+    device.now = backward[1]
+    timer.phase_ended("backward")
+    device.now = 20
+    record = {}
+    timer.step_ended(record)
+    device.completed_until = 20
+    (done,) = list(timer.ready())
+    return done
+
+
+def test_overlapping_waits_are_merged_not_summed():
+    # Two async collectives in flight together, waited on one after the other.
+    done = comm_step(FakeDevice(), [(9, 13), (11, 15), (15, 16)])
+    assert done[schema.GPU_COMM_OF_PHASE[schema.BACKWARD]] == 7  # 9..16, not 4 + 4 + 1
+    assert done[schema.GPU_COMM] == 7
+
+
+def test_a_phases_device_own_time_is_never_negative():
+    # A wait that began before the phase did (an event recorded on another stream's behalf)
+    # cannot make the phase's waiting longer than the phase.
+    done = comm_step(FakeDevice(), [(2, 15)])
+    assert done[schema.GPU_BACKWARD] == 8
+    assert done[schema.GPU_COMM_OF_PHASE[schema.BACKWARD]] <= done[schema.GPU_BACKWARD]
+    assert done[schema.GPU_COMM] <= done[schema.GPU_STEP]

@@ -172,20 +172,52 @@ class CudaStepTimer:
             for start, end in pairs:
                 events.extend((start, end))
         if pending.comm is not None:
-            total = 0.0
-            for fieldname in schema.GPU_COMM_OF_PHASE.values():
-                record[fieldname] = 0.0
-            for phase, pairs in pending.comm.items():
-                waited = sum(start.elapsed_time(end) for start, end in pairs)
-                total += waited
-                fieldname = schema.GPU_COMM_OF_PHASE.get(phase)
-                if fieldname is not None:
-                    record[fieldname] = waited
-                for start, end in pairs:
-                    events.extend((start, end))
-            record[schema.GPU_COMM] = total
+            events.extend(_comm_fields(record, pending))
         self._free.extend(events)
         return record
+
+
+def _comm_fields(record: dict[str, Any], pending: _PendingStep) -> list[EventLike]:
+    """The device's waits on other ranks, per phase and in all: each the length of the union
+    of its intervals (two async collectives waited on together overlap; summing them would
+    count the same wait twice), at most the phase's own device time (a phase's own time never
+    comes out negative) and the step's. Returns the events used, to be recycled."""
+    origin = pending.start
+    events: list[EventLike] = []
+    everything: list[tuple[float, float]] = []
+    for fieldname in schema.GPU_COMM_OF_PHASE.values():
+        record[fieldname] = 0.0
+    for phase, pairs in (pending.comm or {}).items():
+        spans = [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in pairs]
+        for start, end in pairs:
+            events.extend((start, end))
+        everything.extend(spans)
+        fieldname = schema.GPU_COMM_OF_PHASE.get(phase)
+        if fieldname is None:
+            continue
+        waited = union_length(spans)
+        phase_field = schema.GPU_OF_PHASE.get(phase)
+        if phase_field is not None and record.get(phase_field) is not None:
+            waited = min(waited, record[phase_field])
+        record[fieldname] = waited
+    record[schema.GPU_COMM] = min(union_length(everything), record[schema.GPU_STEP])
+    return events
+
+
+def union_length(spans: list[tuple[float, float]]) -> float:
+    """Total length covered by the (start, end) intervals, overlaps counted once."""
+    total = 0.0
+    reach = None
+    for start, end in sorted(spans):
+        if end <= start:
+            continue
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def cuda_step_timer(device: Any) -> CudaStepTimer:

@@ -6,22 +6,25 @@ process pays nothing. Two kinds of blocking points:
 * **Collectives called from anywhere in the step** (the model's own code: RF-DETR's criterion
   all-reduces its box count inside ``training_step``; Lightning's ``sync_dist`` logging; EMA or
   metric syncs; ``barrier()`` in callbacks). The ``torch.distributed`` functions are replaced by
-  timing wrappers for the duration of the traced fit. A synchronous call is timed as a whole;
-  an ``async_op=True`` call returns a thin proxy whose ``wait()`` is timed, because that is
-  where the host blocks. Calls made by torch itself (``distributed_c10d`` calling its own
-  module globals) are not wrapped: they are inside an outer call already, or not the user's.
-* **DDP's gradient buckets**, through a communication hook (the default all-reduce, or the
-  user's own hook, wrapped). Buckets are launched during backward and overlap the remaining
-  gradient computation; the host blocks at the end of backward until every bucket is done
-  (``Reducer::finalize_backward``). The exposed wait is therefore the time inside the hook
-  calls plus the tail from the last bucket's launch to the last bucket's completion. A rank
-  that finished its gradients early waits that tail for the slow rank; the slow rank hardly
-  waits at all.
+  timing wrappers for the duration of the traced fit. A synchronous call is timed as a whole.
+  An ``async_op=True`` call returns torch's own ``Work`` object, untouched (``isinstance``,
+  ``get_future``, ``is_completed``, ``exception`` are torch's); its ``wait()`` is timed because
+  ``Work.wait`` is wrapped on the class for the fit, acting only on the works this timer
+  launched (kept beside them in a weak dictionary). Calls made by torch itself
+  (``distributed_c10d`` calling its own module globals) are not wrapped.
+* **DDP's gradient buckets**, through a communication hook (:mod:`ddp_buckets`).
+
+Only the training thread is timed: a collective from another thread (async checkpointing, a
+metric sync in a background thread) is not charged to the training thread's current phase,
+and the nesting depth that keeps a collective inside another from counting twice is per thread.
 
 On CUDA with NCCL the host does not block in a collective (the work runs on NCCL's stream and
 ``wait()`` only orders streams), so host times stay near zero there; CUDA events recorded on
-the current stream around each collective (and from the last bucket launch to the end of
-backward) measure what the device waited. They are read lazily with the step's other events.
+the current stream around each blocking point measure what the device waited: around a
+synchronous collective, around ``wait()`` of an async one (not from its launch: the compute
+between launch and ``wait()`` is not waiting), and from the last bucket launch to the end of
+backward. They are read lazily with the step's other events (traceml.capture.cuda_timing merges
+overlapping ones).
 
 Each wait is charged to the phase it happens in (``StepClock.current_phase``); it stays inside
 that phase, so the phases still add up to the step and a phase's own time is the phase minus
@@ -30,13 +33,15 @@ its wait.
 
 from __future__ import annotations
 
+import _thread
 import functools
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-from traceml import schema
 from traceml.capture.guard import entry_point
+from traceml.capture.instruments.ddp_buckets import BucketTiming
 
 clock_ns = time.perf_counter_ns
 
@@ -89,7 +94,11 @@ def payload_bytes(args: tuple, kwargs: dict, position: int = 0) -> int:
     return 0
 
 
-class CommTimer:
+class _Depth(_thread._local):
+    depth = 0  # >0 inside a timed call on this thread: collectives it makes pass through
+
+
+class CommTimer(BucketTiming):
     """Times every wait on other ranks of one traced training (see the module docstring).
 
     ``clock`` is the training's :class:`~traceml.capture.step_clock.StepClock`
@@ -102,22 +111,24 @@ class CommTimer:
         self.clock: Any = None
         self.gpu: Any = None
         self.active = False
-        self.bucket_timing: str | None = None  # "on" / "off"; None: no DDP model
-        self.bucket_note: str | None = None  # why bucket timing is off
         self._on_failure = on_failure
         self._now = now
         self.own_cost_ns = 0  # time inside this timer's entry points (traceml.capture.guard)
         self._failed = False
-        self._depth = 0  # >0 inside a timed call: collectives it makes pass through
+        self._here = _Depth()
+        # The training thread (the one that installs the collectives): the only one timed.
+        self.thread: int | None = None
+        # Async collectives launched in a step, until their wait(): work -> nothing.
+        self._launched: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._undo: list[Callable[[], None]] = []
-        self._register_original: Callable[..., Any] | None = None
-        self._reset_buckets()
+        self._init_buckets()
 
     # -- installing ------------------------------------------------------------------------
 
     def install_collectives(self, dist_module: Any) -> None:
-        """Replace the ``torch.distributed`` collectives with timing wrappers (undone by
-        :meth:`uninstall`)."""
+        """Replace the ``torch.distributed`` collectives with timing wrappers and wrap
+        ``Work.wait`` (undone by :meth:`uninstall`). Called on the training thread."""
+        self.thread = _thread.get_ident()
         for name in COLLECTIVES:
             original = getattr(dist_module, name, None)
             if original is None or getattr(original, _WRAPPED, False):
@@ -130,74 +141,43 @@ class CommTimer:
                     setattr(dist_module, name, original)
 
             self._undo.append(restore)
+        work_class = getattr(dist_module, "Work", None)
+        if isinstance(work_class, type):
+            self._wrap_work_wait(work_class)
 
-    def wrap_hook_registration(self, ddp_class: type) -> None:
-        """Wrap ``DistributedDataParallel.register_comm_hook`` so that a hook the user (or
-        Lightning's ``ddp_comm_hook``) registers while this training starts is timed too.
-
-        Must run before the strategy wraps the model (Lightning's ``setup`` hook does)."""
-        original = ddp_class.__dict__.get("register_comm_hook")
+    def _wrap_work_wait(self, work_class: type) -> None:
+        own = work_class.__dict__.get("wait")
+        original = getattr(work_class, "wait", None)
         if original is None or getattr(original, _WRAPPED, False):
             return
         timer = self
 
-        @functools.wraps(original)
-        def register_comm_hook(ddp: Any, state: Any, hook: Any) -> Any:
-            timed = timer.wrapped_hook(hook) or hook
-            result = original(ddp, state, timed)
-            if timed is not hook:
-                ddp._traceml_timed_hook = True
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            token = None
+            if timer.active and timer._launched:
+                token = timer.wait_starting(work)
+            if token is None:
+                return original(work, *args, **kwargs)
+            result = original(work, *args, **kwargs)  # the user's errors pass through unchanged
+            timer.work_waited(token)
             return result
 
-        setattr(register_comm_hook, _WRAPPED, True)
-        ddp_class.register_comm_hook = register_comm_hook
-        self._register_original = original
+        functools.update_wrapper(wait, original, updated=())
+        setattr(wait, _WRAPPED, True)
+        work_class.wait = wait
 
         def restore() -> None:
-            if ddp_class.__dict__.get("register_comm_hook") is register_comm_hook:
-                ddp_class.register_comm_hook = original
+            if work_class.__dict__.get("wait") is wait:
+                if own is None:
+                    del work_class.wait
+                else:
+                    work_class.wait = own
 
         self._undo.append(restore)
 
-    @entry_point("distributed.register_comm_hook", "DDP.register_comm_hook, wrapped")
-    def wrapped_hook(self, hook: Any) -> Any:
-        """The user's DDP communication hook with timing around it."""
-        return self.bucket_hook(hook)
-
-    def attach_buckets(self, ddp: Any) -> None:
-        """Time ``ddp``'s gradient buckets: keep a hook already wrapped at registration, else
-        register the default all-reduce wrapped in timing; say why when neither is possible."""
-        if getattr(ddp, "_traceml_timed_hook", False):
-            self.bucket_timing = "on"
-            return
-        if getattr(ddp, "_comm_hooks", None):
-            self._buckets_off(
-                "a DDP communication hook was registered before traceml could wrap it "
-                "(it keeps working; its bucket waits show up in Backward)"
-            )
-            return
-        try:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-            register = self._register_original or type(ddp).register_comm_hook
-            register(ddp, getattr(ddp, "process_group", None), self.bucket_hook(allreduce_hook))
-            ddp._traceml_timed_hook = True
-            self.bucket_timing = "on"
-        except Exception as exc:
-            # e.g. a built-in (C++) hook is registered already: DDP accepts one hook only.
-            self._buckets_off(
-                f"could not add a timing hook to DDP ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
-                "bucket waits show up in Backward"
-            )
-
-    def _buckets_off(self, reason: str) -> None:
-        self.bucket_timing = "off"
-        self.bucket_note = reason
-
     def uninstall(self) -> None:
         """Stop timing and put the collectives back. A DDP hook cannot be unregistered: it
-        stays and passes straight through to the all-reduce it wraps."""
+        stays and passes straight through to the hook it wraps."""
         self.active = False
         while self._undo:
             undo = self._undo.pop()
@@ -205,6 +185,7 @@ class CommTimer:
                 undo()
             except Exception:
                 pass
+        self._launched.clear()
 
     # -- collectives -----------------------------------------------------------------------
 
@@ -216,17 +197,18 @@ class CommTimer:
         @functools.wraps(original)
         def timed_collective(*args: Any, **kwargs: Any) -> Any:
             token = None
-            if timer.active and not timer._depth:
+            here = timer._here
+            if timer.active and not here.depth and _thread.get_ident() == timer.thread:
                 token = timer._collective_started(args, kwargs, payload_position)
             if token is None:
                 return original(*args, **kwargs)
-            timer._depth += 1
+            here.depth += 1
             try:
                 result = original(*args, **kwargs)  # the user's errors pass through unchanged
             finally:
-                timer._depth -= 1
-            timed = timer._collective_ended(token, result)
-            return result if timed is None else timed
+                here.depth -= 1
+            timer._collective_ended(token, result)
+            return result  # torch's own object (a Work for async_op=True), never a proxy
 
         setattr(timed_collective, _WRAPPED, True)
         return timed_collective
@@ -241,114 +223,36 @@ class CommTimer:
         return phase, nbytes, start_event, self._now()
 
     @entry_point("distributed.collective_end", "a torch.distributed collective, after it")
-    def _collective_ended(self, token: tuple, result: Any) -> Any:
+    def _collective_ended(self, token: tuple, result: Any) -> None:
         end = self._now()
         phase, nbytes, start_event, start = token
         self.clock.collective(phase, end - start, nbytes)
         if result is not None and hasattr(result, "wait"):
-            # async_op=True: the launch is timed above; the wait is timed where it happens.
-            return TimedWork(result, self, start_event)
-        if start_event is not None:
+            # async_op=True: the launch is timed above; the wait where it happens. On the
+            # device, the wait starts at wait(), not here: compute in between is not waiting.
+            if start_event is not None:
+                self.gpu.release(start_event)
+            self._launched[result] = True
+        elif start_event is not None:
             self.gpu.add_comm(phase, start_event, self.gpu.mark())
-        return None
+
+    @entry_point("distributed.work_wait_start", "wait() of an async collective, before it")
+    def wait_starting(self, work: Any) -> tuple | None:
+        if self._launched.pop(work, None) is None or _thread.get_ident() != self.thread:
+            return None
+        phase = self.clock.current_phase()
+        if phase is None:
+            return None
+        start_event = self.gpu.mark() if self.gpu is not None else None
+        return phase, start_event, self._now()
 
     @entry_point("distributed.work_wait", "wait() of an async collective, after it")
-    def work_waited(self, start: int, end: int, start_event: Any) -> None:
-        phase = self.clock.current_phase() if self.active else None
-        if phase is None:
-            if start_event is not None and self.gpu is not None:
-                self.gpu.release(start_event)
-            return
-        self.clock.collective(phase, end - start, 0, count=0)
-        if start_event is not None and self.gpu is not None:
-            self.gpu.add_comm(phase, start_event, self.gpu.mark())
-
-    # -- DDP gradient buckets --------------------------------------------------------------
-
-    def bucket_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        """``hook`` (a DDP communication hook) with its launches and completions timed."""
-        timer = self
-
-        @functools.wraps(hook)
-        def timed_bucket_hook(state: Any, bucket: Any) -> Any:
-            token = None
-            if timer.active and not timer._depth:
-                token = timer._bucket_started(bucket)
-            if token is None:
-                return hook(state, bucket)
-            timer._depth += 1
-            try:
-                future = hook(state, bucket)
-            finally:
-                timer._depth -= 1
-            timed = timer._bucket_launched(token, future)
-            return future if timed is None else timed
-
-        return timed_bucket_hook
-
-    def _reset_buckets(self) -> None:
-        self._bucket_hook_ns = 0
-        self._bucket_count = 0
-        self._bucket_bytes = 0
-        self._bucket_last_launch: int | None = None
-        self._bucket_done: list[int] = []
-        self._bucket_event: Any = None
-
-    @entry_point("distributed.backward_started", "the bucket timer, at the start of backward")
-    def backward_started(self) -> None:
-        if self._bucket_event is not None and self.gpu is not None:
-            self.gpu.release(self._bucket_event)
-        self._reset_buckets()
-
-    @entry_point("distributed.bucket_start", "a DDP gradient bucket's hook, before it")
-    def _bucket_started(self, bucket: Any) -> tuple | None:
-        if self.clock.current_phase() is None:
-            return None
-        buffer = bucket.buffer()
-        return buffer.numel() * buffer.element_size(), self._now()
-
-    @entry_point("distributed.bucket_launched", "a DDP gradient bucket's hook, after it")
-    def _bucket_launched(self, token: tuple, future: Any) -> Any:
+    def work_waited(self, token: tuple) -> None:
         end = self._now()
-        nbytes, start = token
-        self._bucket_hook_ns += end - start
-        self._bucket_count += 1
-        self._bucket_bytes += nbytes
-        self._bucket_last_launch = end
-        if self.gpu is not None:
-            if self._bucket_event is not None:
-                self.gpu.release(self._bucket_event)
-            self._bucket_event = self.gpu.mark()
-        done = self._bucket_done
-        now = self._now
-
-        def completed(fut: Any) -> Any:
-            # Runs where the future completes (gloo: its worker thread), before DDP's wait on
-            # it returns; list.append is atomic under the GIL.
-            done.append(now())
-            return fut.value()
-
-        return future.then(completed)
-
-    @entry_point("distributed.backward_finished", "the bucket timer, at the end of backward")
-    def backward_finished(self) -> None:
-        """End of backward (``on_after_backward``): charge the buckets' exposed wait."""
-        if not self._bucket_count:
-            return
-        last_done = max(self._bucket_done, default=None)
-        tail = 0
-        if last_done is not None and self._bucket_last_launch is not None:
-            tail = max(0, last_done - self._bucket_last_launch)
-        self.clock.collective(
-            schema.BACKWARD,
-            self._bucket_hook_ns + tail,
-            self._bucket_bytes,
-            count=self._bucket_count,
-        )
-        if self._bucket_event is not None and self.gpu is not None:
-            self.gpu.add_comm(schema.BACKWARD, self._bucket_event, self.gpu.mark())
-            self._bucket_event = None
-        self._reset_buckets()
+        phase, start_event, start = token
+        self.clock.collective(phase, end - start, 0, count=0)
+        if start_event is not None:
+            self.gpu.add_comm(phase, start_event, self.gpu.mark())
 
     # -- failure ---------------------------------------------------------------------------
 
@@ -361,33 +265,3 @@ class CommTimer:
         self._failed = True
         self.active = False
         self._on_failure(f"{piece} failed ({type(exc).__name__}: {exc})")
-
-
-class TimedWork:
-    """The ``Work`` of an ``async_op=True`` collective, with its ``wait()`` timed.
-
-    Everything else is the original object's (attribute access is forwarded)."""
-
-    __slots__ = ("_start_event", "_timer", "_work")
-
-    def __init__(self, work: Any, timer: CommTimer, start_event: Any) -> None:
-        self._work = work
-        self._timer = timer
-        self._start_event = start_event
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        timer = self._timer
-        if not timer.active:
-            return self._work.wait(*args, **kwargs)
-        start = timer._now()
-        result = self._work.wait(*args, **kwargs)
-        end = timer._now()
-        event, self._start_event = self._start_event, None
-        timer.work_waited(start, end, event)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
-
-    def __repr__(self) -> str:
-        return repr(self._work)
