@@ -209,3 +209,28 @@ def test_a_reader_never_accepts_a_half_written_slot(monkeypatch):
     new = input_counters.read_slots(shared)[1]
     assert new != old
     assert {slot for slot in seen if slot is not None} <= {old, new}
+
+
+def start_worker(worker_id):
+    pass
+
+
+@pytest.mark.parametrize("door", ["dataloader.iterator", "dataloader.iterator_made"])
+def test_a_failing_iterator_door_still_gives_the_users_loader_back(timed, monkeypatch, door):
+    from traceml.capture import guard
+
+    loader = DataLoader(
+        Squares(),
+        batch_size=5,
+        num_workers=1,
+        worker_init_fn=start_worker,
+        multiprocessing_context="fork",
+    )
+    timing = timed(loader)
+    monkeypatch.setattr(guard, "_inject", door)
+    assert [b.tolist() for b in loader] == [
+        [[0], [1], [4], [9], [16]],
+        [[25], [36], [49], [64], [81]],
+    ]
+    assert loader.worker_init_fn is start_worker
+    assert timing.observer.failures == [door]
