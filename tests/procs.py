@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import orjson
-
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
 TINY = SCRIPTS / "tiny_lightning.py"
@@ -74,8 +72,11 @@ def traceml(*args: str) -> list[str]:
 
 
 def rank_records(run_dir: Path, rank: int = 0) -> list[dict]:
-    path = run_dir / "ranks" / f"rank_{rank}.jsonl"
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    """Every record of a rank file; a compact step record (rank schema 1.3) reads every field,
+    null where unmeasured, as the reducer reads it."""
+    from traceml.analysis.rankfile import read_records
+
+    return read_records(run_dir / "ranks" / f"rank_{rank}.jsonl")
 
 
 def steps_of(records: list[dict]) -> list[dict]:

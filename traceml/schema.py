@@ -7,7 +7,7 @@ MAJOR with a one-line error.
 
 from __future__ import annotations
 
-RANK_SCHEMA = "traceml.rank/1.2"  # 1.2: "sample" records (telemetry)
+RANK_SCHEMA = "traceml.rank/1.3"  # 1.2: "sample" records (telemetry); 1.3: compact steps
 SUMMARY_SCHEMA = "traceml.summary/1.2"  # 1.2: telemetry per rank
 COMPARISON_SCHEMA = "traceml.comparison/2.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
@@ -359,3 +359,63 @@ VERDICT_KINDS = (
     VERDICT_HOST_CPU_SATURATED,
     VERDICT_HOST_MEMORY_PRESSURE,
 )
+
+
+# ----------------------------------------------------------------------------------------------
+# Compact step records (rank schema 1.3, issue 24). A step line carries what was measured: a
+# field that is absent reads back as null (unmeasured), except for the defaults below, which
+# are omitted when they hold. Host times are whole microseconds. Files of rank schema 1.0-1.2
+# carry every field and read back unchanged.
+COMPACT_STEPS_SINCE_MINOR = 3
+# Absent means this value (an ordinary step: one microbatch, the optimizer stepped).
+STEP_DEFAULTS: dict[str, object] = {MICROBATCHES: 1, OPTIMIZER_STEPPED: True}
+# When the first field is present (its kind of waiting was measured in this step), an absent
+# field of its group means 0: most steps wait in one phase only.
+ZERO_WHEN_MEASURED: dict[str, tuple[str, ...]] = {
+    COMM: (*COMM_OF_PHASE.values(), COMM_COUNT, COMM_BYTES),
+    GPU_COMM: tuple(GPU_COMM_OF_PHASE.values()),
+}
+# Every field a step record may carry, in the order a writer puts them.
+STEP_RECORD_FIELDS: tuple[str, ...] = (
+    KIND,
+    STEP_INDEX,
+    GLOBAL_STEP,
+    EPOCH,
+    MICROBATCHES,
+    OPTIMIZER_STEPPED,
+    T_START_MS,
+    GAP_MS,
+    *TIMED_FIELDS[-1:],
+    *PHASES,
+    RSS,
+    TRACEML_COST_US,
+    *GPU_FIELDS,
+    MEM_PEAK_ALLOCATED,
+    MEM_PEAK_RESERVED,
+    GPU_COMM,
+    *GPU_COMM_OF_PHASE.values(),
+    *COMM_FIELDS,
+)
+
+
+def step_field_default(record: dict, fieldname: str) -> object:
+    """What an absent field of a compact step record stands for: its STEP_DEFAULTS value, 0
+    for a wait of a kind the record measured (ZERO_WHEN_MEASURED), else None (unmeasured)."""
+    if fieldname in STEP_DEFAULTS:
+        return STEP_DEFAULTS[fieldname]
+    for marker, fields in ZERO_WHEN_MEASURED.items():
+        if fieldname in fields and record.get(marker) is not None:
+            return 0 if fieldname in (COMM_COUNT, COMM_BYTES) else 0.0
+    return None
+
+
+class StepRecord(dict):
+    """A step record as written (only measured fields, see STEP_DEFAULTS), which reads back
+    every field: ``record[field]`` of an absent field is its default or None, never a
+    KeyError. ``get`` and serialisation see only what is there (orjson writes dict
+    subclasses as dicts)."""
+
+    __slots__ = ()
+
+    def __missing__(self, fieldname: str) -> object:
+        return step_field_default(self, fieldname)

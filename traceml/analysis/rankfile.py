@@ -59,6 +59,9 @@ class RankRecords:
     bad_values: int = 0
     bad_header_fields: list[str] = field(default_factory=list)
     unreadable: str | None = None  # why the file could not be read at all
+    # Steps written compact (rank schema 1.3+: absent fields are defaults or null); a file
+    # without a readable header is read as the current writer writes.
+    compact: bool = True
     inputs: list[dict[str, Any]] = field(default_factory=list)  # KIND_INPUT records
     samples: list[dict[str, Any]] = field(default_factory=list)  # telemetry (KIND_SAMPLE)
 
@@ -101,8 +104,39 @@ def scan_rank_files(run_dir: Path) -> tuple[dict[int, Path], list[str]]:
 
 
 def parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
+    """JSON lines to dicts (None for a damaged line), step records as :class:`StepView` (an
+    absent field reads as its default or null, through ``[]`` and ``get`` alike). The live
+    view's parser."""
+    return [
+        StepView(record)
+        if record is not None and record.get(schema.KIND) == schema.KIND_STEP
+        else record
+        for record in _parse_chunk(lines)
+    ]
+
+
+class StepView(schema.StepRecord):
+    """A step record read back: every field readable, by ``[]`` or ``get`` (compact records
+    of rank schema 1.3 leave unmeasured fields and defaults out)."""
+
+    __slots__ = ()
+
+    def get(self, fieldname: str, default: Any = None) -> Any:  # type: ignore[override]
+        if fieldname in self:
+            return self[fieldname]
+        value = schema.step_field_default(self, fieldname)
+        return default if value is None else value
+
+
+def read_records(path: Path) -> list[dict[str, Any] | None]:
+    """Every record of a rank file, in order, steps as :class:`StepView` (for tools and
+    tests that look at single records; the reducer reads columns instead)."""
+    return parse_lines([line for line in Path(path).read_bytes().split(b"\n") if line])
+
+
+def _parse_chunk(lines: list[bytes]) -> list[dict[str, Any] | None]:
     """JSON lines to dicts (None for a damaged line); one orjson call for the whole chunk in
-    the common case. Also the live view's parser."""
+    the common case."""
     if not lines:
         return []
     try:
@@ -134,7 +168,7 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
     columns = data.columns
     total = len(lines)
     for start in range(0, total, _CHUNK_LINES):
-        parsed = parse_lines(lines[start : start + _CHUNK_LINES])
+        parsed = _parse_chunk(lines[start : start + _CHUNK_LINES])
         # Nearly every line is a well-formed step: take those in one pass, look at the rest.
         steps = [
             record
@@ -144,13 +178,13 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
             and record.get(schema.STEP) is not None
         ]
         if len(steps) == len(parsed):
-            _append_columns(columns, steps)
+            _append_columns(columns, steps, data.compact)
             continue
         # Telemetry samples come about once a second, so most chunks hold a few: keep those
         # chunks on the fast path too.
         samples = [r for r in parsed if r is not None and r.get(schema.KIND) == schema.KIND_SAMPLE]
         if samples and len(steps) + len(samples) == len(parsed):
-            _append_columns(columns, steps)
+            _append_columns(columns, steps, data.compact)
             data.samples.extend(samples)
             continue
         steps = []
@@ -168,7 +202,7 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
                     continue
                 steps.append(record)
             elif kind == schema.KIND_HEADER and data.header is None:
-                _check_rank_schema(record, path)
+                data.compact = _check_rank_schema(record, path)
                 data.header = record
             elif kind == schema.KIND_EVENT:
                 data.events.append(record)
@@ -178,28 +212,62 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
                 data.inputs.append({**record, schema.RANK: data.rank})
             elif kind == schema.KIND_SAMPLE:
                 data.samples.append(record)
-        _append_columns(columns, steps)
+        _append_columns(columns, steps, data.compact)
     return data
 
 
 _pick_columns = operator.itemgetter(*_COLUMNS)
 
 
-def _append_columns(columns: dict[str, list[Any]], steps: list[dict[str, Any]]) -> None:
-    """Transpose step records into columns (C-speed when every field is present, as traceml
-    writes them; field by field with defaults for records from other writers)."""
-    try:
-        rows = [_pick_columns(record) for record in steps]
-    except KeyError:
-        for column in _COLUMNS:
-            columns[column].extend([record.get(column) for record in steps])
+def _append_columns(
+    columns: dict[str, list[Any]], steps: list[dict[str, Any]], compact: bool = True
+) -> None:
+    """Transpose step records into columns: C-speed for files that spell every field (rank
+    schema before 1.3); for compact records, only the fields the chunk carries are looked up,
+    and absent ones read as their defaults (schema.STEP_DEFAULTS, ZERO_WHEN_MEASURED) or null."""
+    if not steps:
         return
-    if rows:
-        for column, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
-            columns[column].extend(values)
+    if not compact:
+        try:
+            rows = [_pick_columns(record) for record in steps]
+        except KeyError:
+            rows = None
+        if rows is not None:
+            for column, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
+                columns[column].extend(values)
+            return
+    present = set().union(*steps)
+    count = len(steps)
+    for column in _COLUMNS:
+        default = schema.STEP_DEFAULTS.get(column) if compact else None
+        if column in present:
+            columns[column].extend([record.get(column, default) for record in steps])
+        else:
+            columns[column].extend([default] * count)
+    if compact:
+        for marker, fields in schema.ZERO_WHEN_MEASURED.items():
+            if marker in present:
+                _zero_where_measured(columns, marker, fields, count)
 
 
-def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
+def _zero_where_measured(
+    columns: dict[str, list[Any]], marker: str, fields: tuple[str, ...], count: int
+) -> None:
+    """In the last ``count`` rows: an absent field of a measured group is 0, not null."""
+    measured = [value is not None for value in columns[marker][-count:]]
+    for fieldname in fields:
+        column = columns.get(fieldname)
+        if column is None:
+            continue
+        zero = 0 if fieldname in (schema.COMM_COUNT, schema.COMM_BYTES) else 0.0
+        column[-count:] = [
+            zero if value is None and was else value
+            for value, was in zip(column[-count:], measured, strict=True)
+        ]
+
+
+def _check_rank_schema(header: dict[str, Any], path: Path) -> bool:
+    """Refuse a file this traceml cannot read; whether its steps are compact (schema 1.3+)."""
     family, supported_major = schema.family_and_major(schema.RANK_SCHEMA)
     major = schema.schema_major(header.get(schema.SCHEMA), family)
     if major is None:
@@ -211,3 +279,5 @@ def _check_rank_schema(header: dict[str, Any], path: Path) -> None:
             f"{path} has schema {header.get(schema.SCHEMA)}; this traceml reads "
             f"{family}/{supported_major}.x (install the traceml version that wrote it)"
         )
+    minor = str(header.get(schema.SCHEMA)).rpartition(".")[2]
+    return not minor.isdigit() or int(minor) >= schema.COMPACT_STEPS_SINCE_MINOR

@@ -20,9 +20,12 @@ from typing import Any
 from traceml import schema
 
 NS_PER_MS = 1_000_000
+NS_PER_US = 1_000
+US_PER_MS = 1_000.0
 
-# Fields a step record always carries; the device ones stay null unless a CUDA timer fills
-# them in (never 0: on CPU they are unmeasured).
+# The device and comm fields a step record may carry. A record carries a field only when it
+# was measured (rank schema 1.3): on CPU the device fields are simply absent, and the reader
+# gives them back as null, never 0. Kept for callers that list the unmeasured fields.
 DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
     **{fieldname: None for fieldname in schema.GPU_FIELDS},
     schema.MEM_PEAK_ALLOCATED: None,
@@ -31,28 +34,10 @@ DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
 }
 COMM_FIELDS_UNMEASURED: dict[str, None] = {fieldname: None for fieldname in schema.COMM_FIELDS}
 
-# A step record's fields in their order, before the clock fills in the step's values.
-_RECORD_TEMPLATE: dict[str, Any] = {
-    schema.KIND: schema.KIND_STEP,
-    schema.STEP_INDEX: None,
-    schema.GLOBAL_STEP: None,
-    schema.EPOCH: None,
-    schema.MICROBATCHES: None,
-    schema.OPTIMIZER_STEPPED: None,
-    schema.T_START_MS: None,
-    schema.GAP_MS: None,
-    schema.STEP: None,
-    schema.INPUT_WAIT: None,
-    schema.H2D: None,
-    schema.FORWARD: None,
-    schema.BACKWARD: None,
-    schema.OPTIMIZER: None,
-    schema.RESIDUAL: None,
-    schema.RSS: None,
-    schema.TRACEML_COST_US: None,
-    **DEVICE_FIELDS_UNMEASURED,
-    **COMM_FIELDS_UNMEASURED,
-}
+
+def _us(ns: int) -> int:
+    """Whole microseconds, rounded to nearest (records carry host times at 1 us)."""
+    return (ns + 500) // NS_PER_US
 
 
 def ns_to_ms(value: int | None) -> float | None:
@@ -281,22 +266,45 @@ class StepClock:
             step_ns = named_total
         last_end = self._last_end_ns
         self._last_end_ns = end_ns
-        record = _RECORD_TEMPLATE.copy()
-        record[schema.STEP_INDEX] = self.steps_emitted
-        record[schema.GLOBAL_STEP] = global_step
-        record[schema.EPOCH] = epoch
-        record[schema.MICROBATCHES] = group.microbatches
-        record[schema.OPTIMIZER_STEPPED] = optimizer_stepped
-        record[schema.T_START_MS] = (group.start_ns - self.origin_ns) / NS_PER_MS
+        # Only what was measured, in whole microseconds; MICROBATCHES and OPTIMIZER_STEPPED
+        # only when they differ from schema.STEP_DEFAULTS (about a third of the bytes of a
+        # record that spelled every field, and less to serialise).
+        record: dict[str, Any] = schema.StepRecord(
+            {schema.KIND: schema.KIND_STEP, schema.STEP_INDEX: self.steps_emitted}
+        )
+        if global_step is not None:
+            record[schema.GLOBAL_STEP] = global_step
+        if epoch is not None:
+            record[schema.EPOCH] = epoch
+        if group.microbatches != 1:
+            record[schema.MICROBATCHES] = group.microbatches
+        if not optimizer_stepped:
+            record[schema.OPTIMIZER_STEPPED] = False
+        record[schema.T_START_MS] = _us(group.start_ns - self.origin_ns) / US_PER_MS
         if last_end is not None:
-            record[schema.GAP_MS] = (group.start_ns - last_end) / NS_PER_MS
-        record[schema.STEP] = step_ns / NS_PER_MS
-        record[schema.INPUT_WAIT] = group.input_ns / NS_PER_MS
-        record[schema.H2D] = None if h2d is None else h2d / NS_PER_MS
-        record[schema.FORWARD] = None if forward is None else forward / NS_PER_MS
-        record[schema.BACKWARD] = None if backward is None else backward / NS_PER_MS
-        record[schema.OPTIMIZER] = None if optimizer is None else optimizer / NS_PER_MS
-        record[schema.RESIDUAL] = residual_ns / NS_PER_MS
+            record[schema.GAP_MS] = _us(group.start_ns - last_end) / US_PER_MS
+        # Rounded phases still add up to the rounded step: Residual takes the rounding.
+        input_us = _us(group.input_ns)
+        named_us = input_us
+        step_field = schema.STEP
+        record[step_field] = None  # placed here, set below
+        record[schema.INPUT_WAIT] = input_us / US_PER_MS
+        for fieldname, value in (
+            (schema.H2D, h2d),
+            (schema.FORWARD, forward),
+            (schema.BACKWARD, backward),
+            (schema.OPTIMIZER, optimizer),
+        ):
+            if value is not None:
+                value_us = _us(value)
+                named_us += value_us
+                record[fieldname] = value_us / US_PER_MS
+        step_us = _us(step_ns)
+        residual_us = step_us - named_us
+        if residual_us < 0:  # rounding only: the overlap case was handled in ns above
+            step_us, residual_us = named_us, 0
+        record[step_field] = step_us / US_PER_MS
+        record[schema.RESIDUAL] = residual_us / US_PER_MS
         if self.comm_enabled:
             self._comm_fields(record, group, residual_ns)
         self.steps_emitted += 1
@@ -316,12 +324,15 @@ class StepClock:
         total = 0
         for phase, fieldname in schema.COMM_OF_PHASE.items():
             # A wait is inside its phase: never more than the phase itself (clock edges).
-            ns = min(waited.get(phase, 0), phase_ns[phase] or 0)
-            total += ns
-            record[fieldname] = ns_to_ms(ns)
-        record[schema.COMM] = ns_to_ms(total)
-        record[schema.COMM_COUNT] = group.comm_count
-        record[schema.COMM_BYTES] = group.comm_bytes
+            us = _us(min(waited.get(phase, 0), phase_ns[phase] or 0))
+            total += us
+            if us:  # absent means 0 when COMM is present (schema.ZERO_WHEN_MEASURED)
+                record[fieldname] = us / US_PER_MS
+        record[schema.COMM] = total / US_PER_MS
+        if group.comm_count:
+            record[schema.COMM_COUNT] = group.comm_count
+        if group.comm_bytes:
+            record[schema.COMM_BYTES] = group.comm_bytes
 
 
 def rss_reader():

@@ -1,0 +1,120 @@
+"""Compact step records (rank schema 1.3, issue 24): a line carries what was measured; what it
+leaves out reads back as its default or as null, never 0; older files read as before."""
+
+import orjson
+import pytest
+
+from traceml import schema
+from traceml.analysis.rankfile import read_rank_file, read_records
+from traceml.analysis.reduce import reduce_run
+from traceml.capture.step_clock import StepClock
+
+from rankfiles import footer, header, synthetic_run, write_rank
+
+MS = 1_000_000
+
+
+def cpu_step(clock: StepClock, t0: int, **context) -> dict:
+    clock.fetched(t0, t0 + 1_234_567)
+    clock.forward_started(t0 + 2 * MS)
+    clock.forward_ended(t0 + 5_555_555)
+    clock.backward_started(t0 + 6 * MS)
+    if clock.comm_enabled:
+        clock.collective(schema.BACKWARD, 1_500_000, nbytes=4096)
+    clock.backward_ended(t0 + 9 * MS)
+    clock.optimizer_started(t0 + 9 * MS)
+    return clock.batch_ended(t0 + 10_000_400, **context)
+
+
+def test_a_cpu_step_line_carries_only_what_was_measured():
+    clock = StepClock(origin_ns=0)
+    record = cpu_step(clock, 100 * MS, global_step=1, epoch=0)
+    line = orjson.loads(orjson.dumps(record))
+    for absent in (schema.H2D, schema.GAP_MS, schema.GPU_STEP, schema.COMM, schema.MICROBATCHES):
+        assert absent not in line
+    # Whole microseconds, and the phases still add up to the step exactly.
+    assert line[schema.INPUT_WAIT] == 1.235 and line[schema.FORWARD] == 3.556
+    assert line[schema.STEP] == 10.0
+    named = sum(line[p] for p in (schema.INPUT_WAIT, schema.FORWARD, schema.BACKWARD))
+    assert named + line[schema.OPTIMIZER] + line[schema.RESIDUAL] == pytest.approx(10.0, abs=1e-9)
+    # In memory the record still answers every field (what the capture side and tests read).
+    assert record[schema.GPU_STEP] is None and record[schema.MICROBATCHES] == 1
+    assert record[schema.OPTIMIZER_STEPPED] is True and record[schema.COMM] is None
+
+
+def test_comm_zeros_are_left_out_and_read_back_as_zero_not_null():
+    clock = StepClock(origin_ns=0, comm_enabled=True)
+    record = cpu_step(clock, 0)
+    line = orjson.loads(orjson.dumps(record))
+    assert line[schema.COMM] == 1.5 and line[schema.COMM_OF_PHASE[schema.BACKWARD]] == 1.5
+    assert schema.COMM_OF_PHASE[schema.FORWARD] not in line
+    assert record[schema.COMM_OF_PHASE[schema.FORWARD]] == 0.0
+    assert record[schema.COMM_COUNT] == 1 and schema.COMM_BYTES in line
+
+
+def _compact_run(tmp_path, comm: bool):
+    """Two ranks written by the real StepClock, as a traced run writes them."""
+    for rank in range(2):
+        clock = StepClock(origin_ns=0, comm_enabled=comm)
+        records = [header(rank, 2)]
+        for index in range(30):
+            record = cpu_step(clock, index * 20 * MS + rank * MS, global_step=index + 1, epoch=0)
+            if index % 3 == 0:
+                record[schema.RSS] = 1_000_000 + index
+            records.append(record)
+        records.append(footer(30))
+        write_rank(tmp_path, rank, records)
+
+
+@pytest.mark.parametrize("comm", [False, True])
+def test_compact_files_reduce_like_the_same_steps_spelled_out(tmp_path, comm):
+    compact, full = tmp_path / "compact", tmp_path / "full"
+    _compact_run(compact, comm)
+    # The same records with every field spelled out, as rank schema 1.2 wrote them.
+    for rank in range(2):
+        records = read_records(compact / "ranks" / f"rank_{rank}.jsonl")
+        spelled = []
+        for record in records:
+            if record[schema.KIND] == schema.KIND_HEADER:
+                record = {**record, schema.SCHEMA: "traceml.rank/1.2"}
+            elif record[schema.KIND] == schema.KIND_STEP:
+                record = {name: record[name] for name in schema.STEP_RECORD_FIELDS}
+            spelled.append(record)
+        write_rank(full, rank, spelled)
+    line = (full / "ranks" / "rank_0.jsonl").read_bytes().splitlines()[1]
+    assert b'"gpu_step_ms":null' in line  # really spelled out
+    a, b = reduce_run(compact), reduce_run(full)
+    for summary in (a, b):
+        summary.pop("generated_at"), summary.pop("run_dir")
+    assert a == b
+    phases = a["ranks"][0]["phases"]
+    assert phases[schema.GPU_STEP] is None and phases[schema.H2D] is None  # null, never 0
+    if comm:
+        assert phases[schema.OWN_OF_PHASE[schema.FORWARD]]["mean"] == pytest.approx(3.556)
+
+
+def test_columns_of_a_compact_file(tmp_path):
+    _compact_run(tmp_path, comm=True)
+    data = read_rank_file(tmp_path / "ranks" / "rank_0.jsonl", 0)
+    assert data.compact
+    assert set(data.columns[schema.MICROBATCHES]) == {1}
+    assert set(data.columns[schema.COMM_OF_PHASE[schema.FORWARD]]) == {0.0}
+    assert set(data.columns[schema.GPU_STEP]) == {None}
+    assert data.columns[schema.RSS][:4] == [1_000_000, None, None, 1_000_003]
+
+
+def test_an_older_file_is_read_as_written(tmp_path):
+    # An absent MICROBATCHES in a 1.2 file stays null instead of becoming the 1.3 default.
+    synthetic_run(tmp_path, steps=5, input=1.0, forward=2.0)
+    path = tmp_path / "ranks" / "rank_0.jsonl"
+    lines = path.read_bytes().splitlines()
+    head = orjson.loads(lines[0])
+    head[schema.SCHEMA] = "traceml.rank/1.2"
+    steps = []
+    for line in lines[1:-1]:
+        record = orjson.loads(line)
+        del record[schema.MICROBATCHES]
+        steps.append(orjson.dumps(record))
+    path.write_bytes(b"\n".join([orjson.dumps(head), *steps, lines[-1]]) + b"\n")
+    data = read_rank_file(path, 0)
+    assert not data.compact and set(data.columns[schema.MICROBATCHES]) == {None}
