@@ -1,12 +1,14 @@
-"""The rank-file writer: one complete line per record, fail-open on a full disk."""
+"""The rank-file writer: one complete line per record, batched, fail-open on a full disk."""
 
 import os
+import threading
+import time
 
 import orjson
 import pytest
 
 from traceml import console
-from traceml.capture.sink import RankSink, SinkError
+from traceml.capture.sink import MAX_QUEUED, RankSink, SinkError
 
 
 @pytest.fixture(autouse=True)
@@ -44,3 +46,79 @@ def test_full_disk_turns_the_sink_off_with_one_warning(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "No space left on device" in err and "training continues" in err
+
+
+def lines_of(path):
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_steps_are_queued_then_written_in_order_by_the_flusher(tmp_path):
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=0.05)
+    sink.open()
+    assert sink.write({"kind": "header"})  # written at once
+    for index in range(100):
+        assert sink.append({"kind": "step", "step": index})
+    assert [r["kind"] for r in lines_of(path)] == ["header"]  # queued, not yet written
+    deadline = time.monotonic() + 5
+    while len(lines_of(path)) < 101 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    records = lines_of(path)
+    assert [r["step"] for r in records[1:]] == list(range(100))
+    assert sink.writes == 2  # the header, then one write for the 100 queued steps
+    sink.close()
+
+
+def test_a_written_record_goes_out_after_everything_queued(tmp_path):
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=60)  # the flusher never runs in this test
+    sink.open()
+    sink.append({"kind": "step", "step": 0})
+    sink.append({"kind": "step", "step": 1})
+    sink.write({"kind": "event"})
+    sink.append({"kind": "step", "step": 2})
+    sink.close()  # writes the rest and stops the flusher
+    assert [r["kind"] for r in lines_of(path)] == ["step", "step", "event", "step"]
+    assert not sink.is_open and not sink.append({"kind": "step"})
+    assert not any(t.name == "traceml-sink" for t in threading.enumerate())
+
+
+def test_a_long_queue_is_written_by_the_caller(tmp_path):
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=60)
+    sink.open()
+    for index in range(MAX_QUEUED):
+        sink.append({"kind": "step", "step": index})
+    assert len(lines_of(path)) == MAX_QUEUED
+    sink.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_found_by_the_flusher_turns_the_sink_off_once(tmp_path, capsys):
+    sink = RankSink(tmp_path / "rank_0.jsonl", flush_interval_s=0.01)
+    sink.open()
+    os.close(sink._fd)
+    sink._fd = os.open("/dev/full", os.O_WRONLY)
+    assert sink.append({"kind": "step"})  # queued: the failure is found by the flusher
+    deadline = time.monotonic() + 5
+    while sink.is_open and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not sink.is_open and sink.failed == "No space left on device"
+    assert sink.append({"kind": "step"}) is False  # the caller learns it at its next call
+    sink.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "training continues" in err
+
+
+def test_a_forked_child_never_writes_the_parents_queue(tmp_path):
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=60)
+    sink.open()
+    sink.append({"kind": "step", "step": 0})
+    pid = os.fork()
+    if pid == 0:  # the child (a DataLoader worker, say) ends through its own exit path
+        sink.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    sink.close()
+    assert [r["step"] for r in lines_of(path)] == [0]  # once, by the parent

@@ -1,8 +1,9 @@
 """One rank's record of one traced training: its header, events, step records and footer.
 
 The callback decides *what* happened; this object owns *how it is written*: the rank file
-(through the crash-safe sink), the header written once, the ``trace_max_steps`` limit, and
-the footer written once with the run's status. Nothing here talks to Lightning.
+(through the batching sink: steps and samples are queued, the rest is written at once), the
+header written once, the ``trace_max_steps`` limit, and the footer written once with the run's
+status. Nothing here talks to Lightning.
 """
 
 from __future__ import annotations
@@ -78,7 +79,12 @@ class RankRecorder:
             return
         for record in records:
             record[schema.AT_STEP] = self.steps_written
-            self.sink.write(record)
+            self.sink.append(record)
+
+    @property
+    def write_ns(self) -> int:
+        """Time spent in the rank file's system calls so far (any thread)."""
+        return self.sink.write_ns if self.sink is not None else 0
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -94,7 +100,7 @@ class RankRecorder:
             return False
         if self.limit_reached:
             return True  # steps still queued for their CUDA events when the limit was reached
-        if not self.sink.write(record):
+        if not self.sink.append(record):
             return False
         self.steps_written += 1
         return True
