@@ -3,6 +3,12 @@
 Shared by the launcher (``traceml run``) and ``traceml report`` (which global rank 0 of a direct
 launch runs in a child process at exit). Files are written whole and renamed into place, so a
 reader never sees half a summary.
+
+The pipeline, each stage entered once: rank files (or the per-node partials standing in for
+them) -> per-rank reduction -> run reduction (:func:`reduce_run`) -> diagnosis
+(:func:`diagnose`) -> rendering (:func:`render_text`, :func:`render_html`). On a multi-node
+run every node can first reduce its own rank files (:func:`reduce_node`, or ``python -m
+traceml.finalize node-partial RUN_DIR --node N``); the summary then merges those partials.
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ import orjson
 
 from traceml import schema
 from traceml.analysis.diagnose import diagnose
+from traceml.analysis.partials import reduce_node as _reduce_node
+from traceml.analysis.partials import usable_cpu_count
 from traceml.analysis.reduce import list_rank_files, reduce_run
 from traceml.errors import OutputError
 from traceml.files import write_atomically
 from traceml.present.report import render_text
 from traceml.present.report_html import render_html
+from traceml.thresholds import resolve_thresholds
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 
@@ -32,15 +41,16 @@ def summarise(
     notes: list[str] | None = None,
     html: bool = False,
     write: bool = True,
-    jobs: int = 1,
+    jobs: int | None = None,
     status: str | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Reduce + diagnose ``run_dir``; write final_summary.json/.txt (and report.html).
 
     ``status`` overrides the run status the rank files suggest, for a caller that knows better
-    (the launcher that stopped the run with a signal).
+    (the launcher that stopped the run with a signal). ``jobs``: rank files reduced at once in
+    worker processes (default: the cores this process may use).
     """
-    summary = reduce_run(run_dir, thresholds=thresholds, jobs=jobs)
+    summary = reduce_run(run_dir, thresholds=thresholds, jobs=jobs or usable_cpu_count())
     if status is not None:
         summary[schema.SUMMARY_STATUS] = status
     if notes:
@@ -50,6 +60,20 @@ def summarise(
     if write:
         _write_results(Path(run_dir), summary, text, html=html)
     return summary, text
+
+
+def reduce_node(
+    run_dir: Path,
+    node: int,
+    *,
+    thresholds: dict[str, float] | None = None,
+    jobs: int | None = None,
+) -> Path | None:
+    """Reduce the rank files node ``node`` wrote into its partial (``partials/node_<N>.json``)
+    for the report to merge; None when that node wrote no rank file. Run it on each node at
+    the end of a multi-node run, with the thresholds the report will use."""
+    warmup = int(resolve_thresholds(thresholds)["warmup_steps"])
+    return _reduce_node(Path(run_dir), node, warmup, jobs or usable_cpu_count())
 
 
 def _write_results(run_dir: Path, summary: dict[str, Any], text: str, *, html: bool) -> None:
@@ -114,3 +138,28 @@ def unfinished_ranks_note(run_dir: Path, wait_s: float) -> list[str]:
         f"some ranks had not finished their files after {wait_s:g} s; "
         f"run `traceml report {run_dir}` later for the full picture"
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m traceml.finalize node-partial RUN_DIR --node N [--jobs J]``: the per-node
+    step of a multi-node report (the launcher of each node, or a direct launch's node-local
+    rank 0 in its report child, runs it; the training process never does)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m traceml.finalize")
+    parser.add_argument("command", choices=["node-partial"])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--node", type=int, required=True)
+    parser.add_argument("--jobs", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = reduce_node(args.run_dir, args.node, jobs=args.jobs or None)
+    if path is None:
+        print(f"traceml: node {args.node} wrote no rank file in {args.run_dir}", file=sys.stderr)
+        return 1
+    print(f"traceml: node {args.node} reduced into {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,7 +8,7 @@ MAJOR with a one-line error.
 from __future__ import annotations
 
 RANK_SCHEMA = "traceml.rank/1.3"  # 1.2: "sample" records (telemetry); 1.3: compact steps
-SUMMARY_SCHEMA = "traceml.summary/1.2"  # 1.2: telemetry per rank
+SUMMARY_SCHEMA = "traceml.summary/1.3"  # 1.2: telemetry per rank; 1.3: "exactness"
 COMPARISON_SCHEMA = "traceml.comparison/2.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
 
@@ -419,3 +419,10 @@ class StepRecord(dict):
 
     def __missing__(self, fieldname: str) -> object:
         return step_field_default(self, fieldname)
+
+# Per-node partial reductions (issue 24): each node reduces its own rank files into
+# <run_dir>/partials/node_<N>.json; the report merges them (and reads the rest).
+PARTIAL_SCHEMA = "traceml.partial/1.0"
+PARTIALS_DIR = "partials"
+# In a summary: which figures are exact and, for the approximate ones, the bound.
+SUMMARY_EXACTNESS = "exactness"

@@ -167,7 +167,7 @@ def test_memory_is_per_step_not_per_rank_and_long_runs_are_thinned_exactly():
     steps = 3 * job_series.MAX_POINTS + 5
     for rank in range(16):
         accumulator.add({schema.STEP: [float(i % 7 + rank) for i in range(steps)]})
-    assert len(accumulator._totals[schema.STEP]) == steps  # one slot per step, not per rank
+    assert len(accumulator.node(0).totals[schema.STEP]) == steps  # one slot per step, not per rank
     stored = accumulator.result()["fields"][schema.STEP]
     assert len(stored["points"]) <= job_series.MAX_POINTS
     assert stored["steps_per_point"] == 4

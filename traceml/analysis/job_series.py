@@ -29,12 +29,10 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis import stats
+from traceml.analysis.node_series import NodeSeries
 
 # Time waiting on other ranks (schema.COMM) rides along: compare shows it when both runs have it.
 SERIES_FIELDS: tuple[str, ...] = (*schema.TIMED_FIELDS, schema.COMM)
-# The job's step waits for its slowest rank; phases are averaged (a phase's max over ranks
-# would grow with the rank count on identical ranks, the very inflation this module removes).
-_MAX_OVER_RANKS = frozenset({schema.STEP})
 # Points kept per field in a summary. Longer runs store means of consecutive steps instead of
 # steps: batch means over those points are still batch means over steps, and the summary stays
 # ~20 kB per field however long the run.
@@ -87,75 +85,41 @@ def _usable_numbers(numbers: list[Any]) -> bool:
 
 
 class JobSeriesAccumulator:
-    """Merges ranks' series one at a time; memory O(steps x fields), not O(ranks x steps)."""
+    """Merges ranks' series one at a time; memory O(steps x fields x nodes), not O(ranks x
+    steps).
+
+    Ranks are summed within their node first and the nodes then in node order, so a run
+    reduced in one pass and one merged from per-node partials (traceml/analysis/partials.py)
+    add the same numbers in the same order: their job series are identical, not just close.
+    """
 
     def __init__(self) -> None:
-        self._ranks = 0
-        self._origin: int | None = None  # the step number at index 0 of the lists below
-        self._length = 0  # slots in each list: the step numbers seen span this many
-        self._totals: dict[str, list[float]] = {}  # max for step, sum for phases
-        self._counts: dict[str, list[int]] = {}
+        self._nodes: dict[int, NodeSeries] = {}
 
-    def add(self, series: RankSeries | None) -> None:
+    def add(self, series: RankSeries | None, node: int = 0) -> None:
         if not series:
             return
-        self._ranks += 1
-        numbers = series.get(STEP_NUMBERS)
-        fields = {name: values for name, values in series.items() if name != STEP_NUMBERS}
-        if numbers is None:  # a series from before step numbers: positions
-            numbers = list(range(max((len(v) for v in fields.values()), default=0)))
-        if not numbers:
-            return
-        self._make_room(numbers[0], numbers[-1])
-        indices = [number - self._origin for number in numbers]  # type: ignore[operator]
-        for fieldname, values in fields.items():
-            self._add_field(fieldname, values, indices)
+        self._nodes.setdefault(node, NodeSeries()).add(series, STEP_NUMBERS)
 
-    def _make_room(self, first: int, last: int) -> None:
-        """Grow the lists so step numbers ``first..last`` have a slot."""
-        if self._origin is None:
-            self._origin = first
-        if first < self._origin:
-            grow = self._origin - first
-            for name in self._totals:
-                self._totals[name][:0] = [0.0] * grow
-                self._counts[name][:0] = [0] * grow
-            self._origin = first
-        self._length = max(self._length, last - self._origin + 1)
+    def add_node(self, node: int, node_series: NodeSeries) -> None:
+        """A node's series as a partial stored it (before any of its ranks is added here)."""
+        self._nodes[node] = node_series
 
-    def _add_field(self, fieldname: str, values: list[float | None], indices: list[int]) -> None:
-        totals = self._totals.setdefault(fieldname, [])
-        counts = self._counts.setdefault(fieldname, [])
-        if len(totals) < self._length:
-            grow = self._length - len(totals)
-            totals.extend([0.0] * grow)
-            counts.extend([0] * grow)
-        use_max = fieldname in _MAX_OVER_RANKS
-        for index, value in zip(indices, values, strict=False):
-            if value is None:
-                continue
-            if counts[index] == 0:
-                totals[index] = value
-            elif use_max:
-                totals[index] = max(totals[index], value)
-            else:
-                totals[index] += value
-            counts[index] += 1
+    def node(self, node: int) -> NodeSeries | None:
+        return self._nodes.get(node)
 
     def result(self) -> dict[str, Any] | None:
         """What the summary stores (see :data:`schema.SUMMARY_JOB_SERIES`), None without steps."""
+        merged = NodeSeries()
+        for node in sorted(self._nodes):
+            merged.merge(self._nodes[node])
         fields: dict[str, Any] = {}
-        for fieldname, totals in self._totals.items():
-            counts = self._counts[fieldname]
-            if fieldname in _MAX_OVER_RANKS:
-                values = [t for t, c in zip(totals, counts, strict=True) if c]
-            else:
-                values = [t / c for t, c in zip(totals, counts, strict=True) if c]
+        for fieldname, values in merged.job_values().items():
             if values:
                 fields[fieldname] = _stored_field(values)
         if not fields:
             return None
-        return {"unit": UNIT, "ranks": self._ranks, "fields": fields}
+        return {"unit": UNIT, "ranks": merged.ranks, "fields": fields}
 
 
 def _stored_field(values: list[float]) -> dict[str, Any]:

@@ -7,18 +7,21 @@ rank at a time (memory: one rank's part).
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from traceml import schema
-from traceml.analysis import input_pipeline, job_series, resources, stats
+from traceml.analysis import input_pipeline, job_series, stats
+from traceml.analysis.imbalance import imbalance_with_memory
+from traceml.analysis.node_series import node_of
 from traceml.analysis.notes import dedupe_rank_notes, missing_ranks_note, warmup_note
+from traceml.analysis.partials import LoadedPartials, load_partials, missing_partials_note
 from traceml.analysis.rankfile import RankRecords, scan_rank_files
 from traceml.analysis.reduce_rank import (
-    OWN_FIELDS,
     STAT_FIELDS,
     max_or_none,
     shares_from_sums,
@@ -31,15 +34,6 @@ from traceml.thresholds import resolve_thresholds
 # Fields whose whole distribution goes into the summary (what compare needs).
 _DISTRIBUTED_FIELDS = frozenset(
     (*schema.TIMED_FIELDS, *schema.GPU_FIELDS, schema.COMM, schema.GPU_COMM)
-)
-# Fields compared across ranks (imbalance, stragglers).
-_RANK_COMPARED: tuple[str, ...] = (
-    *schema.TIMED_FIELDS,
-    schema.COMM,
-    schema.GPU_STEP,
-    schema.GPU_COMM,
-    *schema.GPU_OF_PHASE.values(),
-    *OWN_FIELDS,
 )
 
 
@@ -63,7 +57,15 @@ def reduce_run(
         raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
     limits = resolve_thresholds(thresholds)
     warmup = int(limits["warmup_steps"])
-    parts = summarise_ranks(files, warmup, jobs)
+    # Per-node partials stand in for their nodes' rank files; the rest are read here. Parts
+    # are added up in rank order either way, so the sums are the same numbers in the same order.
+    loaded = load_partials(run_dir, files, warmup)
+    rest = {rank: path for rank, path in files.items() if rank not in loaded.covered}
+    parts = heapq.merge(
+        sorted(loaded.parts, key=_part_rank),
+        summarise_ranks(rest, warmup, jobs),
+        key=_part_rank,
+    )
     return _summary_from_parts(
         parts,
         list(files),
@@ -71,8 +73,13 @@ def reduce_run(
         run_name=run_dir.name,
         run_dir=str(run_dir.resolve()),
         now=now,
-        notes=skipped,
+        notes=skipped + loaded.notes,
+        partials=loaded,
     )
+
+
+def _part_rank(part: dict[str, Any]) -> int:
+    return part["entry"][schema.RANK]
 
 
 def reduce_records(
@@ -143,6 +150,7 @@ class _RunTotals:
         self.statuses: dict[int, str | None] = {}
         self.series = job_series.JobSeriesAccumulator()
         self.inputs: list[dict[str, Any]] = []
+        self.read_nodes: set[int] = set()
 
     def add(self, part: dict[str, Any]) -> None:
         entry = part["entry"]
@@ -153,7 +161,9 @@ class _RunTotals:
         self.statuses[rank] = part["status"]
         if part["header"] is not None:
             self.headers[rank] = part["header"]
-        self.series.add(part.get("job_series"))
+        if "job_series" in part:  # read from its rank file here, not from a node's partial
+            self.read_nodes.add(node_of(part["header"]))
+            self.series.add(part["job_series"], node_of(part["header"]))
         self.inputs.extend(part.get("inputs") or [])
         for fieldname, sketch in part["sketches"].items():
             totals = self.fields.setdefault(fieldname, _FieldTotals())
@@ -168,7 +178,7 @@ class _RunTotals:
 
 
 def _summary_from_parts(
-    parts: Iterator[dict[str, Any]],
+    parts: Iterable[dict[str, Any]],
     found: list[int],
     limits: dict[str, float],
     *,
@@ -176,11 +186,18 @@ def _summary_from_parts(
     run_dir: str | None,
     now: datetime | None,
     notes: list[str] | None = None,
+    partials: LoadedPartials | None = None,
 ) -> dict[str, Any]:
     totals = _RunTotals()
     totals.notes.extend(notes or [])
+    for node, series in (partials.series if partials else {}).items():
+        totals.series.add_node(node, series)
     for part in parts:
         totals.add(part)
+    if partials is not None:
+        note = missing_partials_note(partials, totals.read_nodes)
+        if note:
+            totals.notes.append(note)
     world_size = _world_size(totals.headers, found)
     missing = _missing_ranks(world_size, found)
     skipped = max((e[schema.SUMMARY_WARMUP] for e in totals.entries), default=0)
@@ -208,9 +225,10 @@ def _summary_from_parts(
         schema.SUMMARY_STEPS_RECORDED: steps_recorded,
         schema.SUMMARY_STEPS_ANALYSED: totals.steps(schema.SUMMARY_STEPS_ANALYSED),
         schema.SUMMARY_APPROXIMATE: totals.approximate,
+        schema.SUMMARY_EXACTNESS: exactness(totals.approximate),
         schema.SUMMARY_OVERALL: overall,
         schema.SUMMARY_RANKS: totals.entries,
-        schema.SUMMARY_IMBALANCE: _imbalance_with_memory(totals.entries),
+        schema.SUMMARY_IMBALANCE: imbalance_with_memory(totals.entries),
         schema.SUMMARY_THRESHOLDS: limits,
         schema.SUMMARY_NOTES: dedupe_rank_notes(totals.notes, len(totals.entries)),
         schema.SUMMARY_JOB_SERIES: totals.series.result(),
@@ -233,6 +251,28 @@ def _add_run_notes(totals: _RunTotals, missing: list[int], skipped: int, warmup:
     )
     if note:
         totals.notes.insert(0, note)
+
+
+def exactness(approximate: bool) -> dict[str, Any]:
+    """What the summary's figures are: which are exact and, for the approximate ones, the bound
+    (the same whether the run was reduced in one pass or merged from per-node partials)."""
+    return {
+        "exact": (
+            "counts, sums, means, min and max of every field; shares; every rank's own "
+            "statistics (its median and p90 too); the job series; every verdict's evidence"
+        ),
+        "approximate": (
+            ["overall median and p90 of each field", "overall distributions"] if approximate else []
+        ),
+        "quantile_rank_error": stats.QUANTILE_RANK_ERROR if approximate else 0.0,
+        "note": (
+            "quantiles pooled over ranks come from mergeable sketches (ranks with more than "
+            f"{stats.SKETCH_POINTS} steps): each is within {stats.QUANTILE_RANK_ERROR:.1%} of "
+            "rank of the exact one (p90 between the exact p89.9 and p90.1)"
+            if approximate
+            else "every figure is exact"
+        ),
+    }
 
 
 def _world_size(headers: dict[int, dict[str, Any]], found: list[int]) -> int:
@@ -284,50 +324,6 @@ def _overall(totals: _RunTotals) -> dict[str, Any]:
         schema.WALL_MS: max_or_none([e[schema.WALL_MS] for e in entries]),
         schema.DISTRIBUTIONS: distributions,
     }
-
-
-def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    with_data = [e for e in rank_entries if (e[schema.PHASE_STATS].get(schema.STEP) or {})]
-    if len(with_data) < 2:
-        return None
-    fields: dict[str, Any] = {}
-    for fieldname in _RANK_COMPARED:
-        medians = {
-            e[schema.RANK]: e[schema.PHASE_STATS][fieldname]["median"]
-            for e in with_data
-            if e[schema.PHASE_STATS].get(fieldname)
-        }
-        if len(medians) < 2:
-            continue
-        middle = stats.quantile_sorted(sorted(medians.values()), 0.5)
-        slowest = max(medians, key=lambda rank: medians[rank])
-        # The slowest rank against the typical one of the *others* (with two ranks: the other).
-        others = stats.quantile_sorted(
-            sorted(v for rank, v in medians.items() if rank != slowest), 0.5
-        )
-        fields[fieldname] = {
-            "max_over_median": medians[slowest] / middle if middle > 0 else None,
-            "max_over_others": medians[slowest] / others if others > 0 else None,
-            "slowest_rank": slowest,
-            "median_across_ranks_ms": middle,
-            "median_of_others_ms": others,
-            "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
-        }
-    own = fields.get(schema.GPU_OWN_MS) or fields.get(schema.OWN_MS) or fields.get(schema.STEP)
-    return {
-        schema.IMBALANCE_FIELDS: fields,
-        schema.SLOWEST_RANK: own["slowest_rank"] if own else None,
-    }
-
-
-def _imbalance_with_memory(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """:func:`_imbalance`, plus which rank holds the most memory (telemetry, issue 15)."""
-    imbalance = _imbalance(rank_entries)
-    memory = resources.memory_imbalance(rank_entries)
-    if imbalance is not None or memory is not None:
-        imbalance = dict(imbalance or {})
-        imbalance[schema.MEMORY_IMBALANCE] = memory
-    return imbalance
 
 
 def _setup(headers: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:

@@ -19,6 +19,12 @@ SKETCH_POINTS = 2049
 DISTRIBUTION_POINTS = 1001
 
 Sketch = tuple[list[float], float]  # sorted values, the weight of each
+# How far a quantile of merged sketches can be from the exact one, as a share of the sample's
+# rank: a point of a sketch stands for 1/(SKETCH_POINTS - 1) of its rank's values and sits
+# within half of that of its true position; interpolating between points adds at most the
+# same again. Bounded by 1/1000 (p90 lies between the exact p89.9 and p90.1), held on seeded
+# skewed samples in tests/unit/test_partials.py.
+QUANTILE_RANK_ERROR = 0.001
 
 
 def quantile_sorted(values: Sequence[float], p: float) -> float:

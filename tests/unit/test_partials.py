@@ -1,0 +1,159 @@
+"""Per-node partial reductions merged into the summary (issue 24): the merged summary equals a
+single pass over the rank files (exact fields bit for bit, and the approximate quantiles too,
+since both add the same sketches), a missing or stale partial falls back to the rank files with
+a note, and approximate quantiles stay within their stated bound of the exact ones."""
+
+import random
+import shutil
+from datetime import datetime, timezone
+
+import orjson
+import pytest
+
+from traceml import schema
+from traceml.analysis import stats
+from traceml.analysis.partials import partial_path, reduce_node
+from traceml.analysis.reduce import reduce_run
+
+from rankfiles import footer, header, step, write_rank
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NODES, RANKS_PER_NODE = 3, 2
+WARMUP = 5
+
+
+def write_layout(run_dir, steps: int = 3000, seed: int = 1) -> None:
+    """NODES x RANKS_PER_NODE ranks with skewed step times; rank 3 abandoned one step."""
+    rng = random.Random(seed)
+    world = NODES * RANKS_PER_NODE
+    for rank in range(world):
+        node = rank // RANKS_PER_NODE
+        records = [
+            header(
+                rank,
+                world,
+                node_rank=node,
+                local_rank=rank % RANKS_PER_NODE,
+                local_world_size=RANKS_PER_NODE,
+                host=f"node{node}",
+            )
+        ]
+        t = 0.0
+        index = 0
+        for number in range(1, steps + 1):
+            if rank == 3 and number == 100:
+                continue
+            record = step(
+                index,
+                t,
+                input=rng.expovariate(1.0),
+                forward=10 + rng.gauss(0, 1),
+                backward=20 + rng.lognormvariate(0, 0.7),
+                optimizer=3.0,
+                residual=rng.uniform(0, 2),
+                comm_backward=rng.uniform(0, 5),
+            )
+            record[schema.GLOBAL_STEP] = number
+            t += record[schema.STEP] + 0.5
+            records.append(record)
+            index += 1
+        records.append(footer(index))
+        write_rank(run_dir, rank, records)
+
+
+def single_pass(run_dir, tmp_path):
+    copy = tmp_path / "single"
+    shutil.copytree(run_dir / "ranks", copy / "ranks")
+    summary = reduce_run(copy, thresholds={"warmup_steps": WARMUP}, now=NOW)
+    summary.pop(schema.SUMMARY_RUN_DIR)
+    return summary
+
+
+def merged(run_dir, jobs: int = 1):
+    summary = reduce_run(run_dir, thresholds={"warmup_steps": WARMUP}, now=NOW, jobs=jobs)
+    summary.pop(schema.SUMMARY_RUN_DIR)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("layout")
+    write_layout(run_dir)
+    return run_dir
+
+
+def test_merged_partials_equal_a_single_pass(layout, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(layout / "ranks", run_dir / "ranks")
+    for node in range(NODES):
+        assert reduce_node(run_dir, node, WARMUP) == partial_path(run_dir, node)
+    expected = single_pass(run_dir, tmp_path)
+    assert expected[schema.SUMMARY_APPROXIMATE]  # 3000 steps a rank: sketches in play
+    result = merged(run_dir)
+    assert result == expected  # every field, exact and approximate, bit for bit
+    assert not any("partial" in note for note in result[schema.SUMMARY_NOTES])
+    # The partials are what was merged: small next to the rank files they stand for.
+    partial_bytes = sum(partial_path(run_dir, n).stat().st_size for n in range(NODES))
+    rank_bytes = sum(p.stat().st_size for p in (run_dir / "ranks").iterdir())
+    assert partial_bytes < rank_bytes / 2
+
+
+def test_a_missing_partial_falls_back_to_the_rank_files_with_a_note(layout, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(layout / "ranks", run_dir / "ranks")
+    reduce_node(run_dir, 0, WARMUP)
+    reduce_node(run_dir, 2, WARMUP)  # node 1 died before reducing
+    expected = single_pass(run_dir, tmp_path)
+    result = merged(run_dir, jobs=2)
+    notes = result.pop(schema.SUMMARY_NOTES)
+    assert any("node 1" in n and "rank files were read" in n for n in notes)
+    expected.pop(schema.SUMMARY_NOTES)
+    assert result == expected
+
+
+def test_a_stale_or_damaged_partial_is_not_trusted(layout, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(layout / "ranks", run_dir / "ranks")
+    for node in range(NODES):
+        reduce_node(run_dir, node, WARMUP)
+    # Rank 1's file grew after node 0 reduced it (a late flush); node 2's partial is damaged.
+    with open(run_dir / "ranks" / "rank_1.jsonl", "ab") as handle:
+        handle.write(orjson.dumps({"kind": "event", "level": "info", "code": "note"}) + b"\n")
+    partial_path(run_dir, 2).write_bytes(b'{"schema": "traceml.partial/1.0", "parts": [')
+    expected = single_pass(run_dir, tmp_path)
+    result = merged(run_dir)
+    notes = result.pop(schema.SUMMARY_NOTES)
+    assert any("node_0.json: rank 1's file changed" in n for n in notes)
+    assert any("node_2.json: unreadable" in n for n in notes)
+    expected.pop(schema.SUMMARY_NOTES)
+    assert result == expected
+    # Another warm-up than the partials were made with: none is trusted.
+    other = reduce_run(run_dir, thresholds={"warmup_steps": WARMUP + 1}, now=NOW)
+    assert sum("another warm-up" in n for n in other[schema.SUMMARY_NOTES]) == 2
+
+
+def test_approximate_quantiles_are_within_their_stated_bound(layout):
+    summary = reduce_run(layout, thresholds={"warmup_steps": WARMUP}, now=NOW)
+    exactness = summary[schema.SUMMARY_EXACTNESS]
+    bound = exactness["quantile_rank_error"]
+    assert bound == stats.QUANTILE_RANK_ERROR and exactness["approximate"]
+    pooled: dict[str, list[float]] = {}
+    for path in sorted((layout / "ranks").iterdir()):
+        steps = [
+            r for r in map(orjson.loads, path.read_bytes().splitlines()) if r["kind"] == "step"
+        ][WARMUP:]
+        for field in (schema.STEP, schema.INPUT_WAIT, schema.BACKWARD):
+            pooled.setdefault(field, []).extend(r[field] for r in steps)
+    for field, values in pooled.items():
+        values.sort()
+        described = summary["overall"]["phases"][field]
+        assert described["count"] == len(values)
+        assert described["sum"] == pytest.approx(sum(values), rel=1e-12)  # exact
+        assert (described["min"], described["max"]) == (values[0], values[-1])
+        distribution = summary["overall"]["distributions"][field]
+        for p, value in [(0.5, described["median"]), (0.9, described["p90"])] + [
+            (i / 1000, distribution[i]) for i in range(0, 1001, 50)
+        ]:
+            low = stats.quantile_sorted(values, max(0.0, p - bound))
+            high = stats.quantile_sorted(values, min(1.0, p + bound))
+            assert low - 1e-6 <= value <= high + 1e-6, (field, p)
