@@ -115,10 +115,18 @@ def test_a_forked_child_never_writes_the_parents_queue(tmp_path):
     sink = RankSink(path, flush_interval_s=60)
     sink.open()
     sink.append({"kind": "step", "step": 0})
+    sink._lock.acquire()  # as if the flusher were writing at the moment of the fork
     pid = os.fork()
     if pid == 0:  # the child (a DataLoader worker, say) ends through its own exit path
-        sink.close()
+        sink.close()  # must neither write nor wait for the lock
         os._exit(0)
-    os.waitpid(pid, 0)
+    sink._lock.release()
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in close()")
+        time.sleep(0.01)
     sink.close()
     assert [r["step"] for r in lines_of(path)] == [0]  # once, by the parent

@@ -161,6 +161,8 @@ class RankSink:
 
     def close(self) -> None:
         """Write everything queued and close the file (idempotent)."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the lock may have been held at the fork; nothing to write
         self._stop.set()
         thread = self._flusher
         if thread is not None and thread is not threading.current_thread() and thread.is_alive():
