@@ -136,9 +136,12 @@ def _clean_footer_and_events(data: RankRecords) -> None:
 
 def _column_is_clean(column: list[Any], signed: bool) -> bool:
     """The fast check (C-speed passes): numbers and nulls only, all in range, none NaN."""
+    nulls = column.count(None)
+    if nulls == len(column):  # a field this rank never measured
+        return True
     if not set(map(type, column)) <= _NUMBER_TYPES:
         return False
-    values = [v for v in column if v is not None] if None in column else column
+    values = [v for v in column if v is not None] if nulls else column
     if not values:
         return True
     low = -_MAX_VALUE if signed else 0.0

@@ -40,6 +40,7 @@ MAX_POINTS = 2048
 UNIT = "job step: per step position, step_ms = slowest rank, phases = mean over ranks"
 
 RankSeries = dict[str, list[float | None]]
+_CLEAN_TYPES = frozenset({int, float, type(None)})
 # The step numbers of a rank series (see rank_series), stored beside its fields.
 STEP_NUMBERS = "_step_numbers"
 # A rank's step numbers may span at most this many times its step count (plus a margin):
@@ -59,7 +60,9 @@ def rank_series(columns: dict[str, list[Any]], skip: int) -> RankSeries:
         column = columns.get(fieldname)
         if column is None:
             continue
-        values = [v if isinstance(v, (int, float)) else None for v in column[skip:]]
+        values = column[skip:]
+        if not set(map(type, values)) <= _CLEAN_TYPES:  # the reducer's columns are cleaned
+            values = [v if isinstance(v, (int, float)) else None for v in values]
         if any(v is not None for v in values):
             series[fieldname] = values
     if series:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -240,8 +241,8 @@ def _append_columns(
     count = len(steps)
     for column in _COLUMNS:
         default = schema.STEP_DEFAULTS.get(column) if compact else None
-        if column in present:
-            columns[column].extend([record.get(column, default) for record in steps])
+        if column in present:  # dict.get through map: no Python frame per record
+            columns[column].extend(map(dict.get, steps, repeat(column), repeat(default)))
         else:
             columns[column].extend([default] * count)
     if compact:

@@ -5,6 +5,7 @@ notes and job-series share (a small picklable "part": a worker process can make 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +38,10 @@ STAT_FIELDS: tuple[str, ...] = (
 
 def _minus(values: list[Any], waits: list[Any]) -> list[float | None]:
     """Per step ``value - wait``; null where either is unmeasured."""
+    if None not in values and None not in waits:
+        return list(map(operator.sub, values, waits))
+    if values.count(None) == len(values) or waits.count(None) == len(waits):
+        return [None] * len(values)
     return [
         None if value is None or wait is None else value - wait
         for value, wait in zip(values, waits, strict=True)
@@ -88,6 +93,8 @@ def _derive_gpu_own(columns: dict[str, list[Any]]) -> None:
 
 def _present(values: list[Any]) -> list[float]:
     """The measured values (null means unmeasured and is left out)."""
+    if None not in values:
+        return values
     return [v for v in values if v is not None]
 
 

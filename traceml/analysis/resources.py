@@ -205,9 +205,9 @@ def _device_busy(columns: dict[str, list[Any]], skipped: int) -> dict[str, Any] 
     steps = columns.get(schema.STEP) or []
     busy_total = host_total = 0.0
     used = 0
-    for index in range(skipped, len(steps)):
-        step_ms = steps[index]
-        phases = [(columns.get(field) or [None] * len(steps))[index] for field in _DEVICE_PHASES]
+    none = [None] * len(steps)
+    device = [(columns.get(field) or none)[skipped:] for field in _DEVICE_PHASES]
+    for step_ms, *phases in zip(steps[skipped:], *device, strict=True):
         if step_ms is None or step_ms <= 0 or all(p is None for p in phases):
             continue
         busy_total += min(step_ms, math.fsum(p for p in phases if p is not None))

@@ -237,8 +237,12 @@ def ar1_mean_variance(values: Sequence[float]) -> float:
 
 def weighted_sd(values: Sequence[float], weights: Sequence[float] | None = None) -> float:
     """Standard deviation (n - 1 in the denominator, n = total weight)."""
-    if weights is None:
-        weights = [1.0] * len(values)
+    if weights is None:  # the same sums as with unit weights (fsum is exactly rounded)
+        n = len(values)
+        if n <= 1:
+            return math.nan
+        mean = math.fsum(values) / n
+        return math.sqrt(math.fsum([(v - mean) ** 2 for v in values]) / (n - 1))
     total = math.fsum(weights)
     if total <= 1:
         return math.nan
