@@ -1,0 +1,107 @@
+"""BUDGET_OFF=<door>[,<door>]: switch one of traceml's doors off inside a traced stress run.
+
+Loaded at interpreter start by a ``sitecustomize`` that ``benchmarks/overhead.py --budget``
+writes into a temporary directory on PYTHONPATH (after the traceml bootstrap's ``.pth`` ran,
+before Lightning is imported), so the patches are in place before traceml's Lightning side is
+imported. Each door is switched off by replacing the function behind it with the cheapest
+thing that keeps the rest of the tracing working; what a door costs is then the traced run's
+loop time minus the run with that door off, measured side by side.
+
+Doors that cannot be taken away without stopping the step clock (the DataLoader fetch, which
+starts every step, and the callback's phase hooks) are what is left: the total minus the
+doors below. Prints ``BUDGET_OFF applied=<doors>`` so the benchmark knows each patch took.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+
+def _guard() -> None:
+    """Every entry point called bare: no try/except, no own-cost timing, no depth count."""
+    guard = importlib.import_module("traceml.capture.guard")
+    registered = guard.ENTRY_POINTS
+
+    def entry_point(name: str, what: str, **_: Any):
+        registered[name] = what
+
+        def decorate(function):
+            function.traceml_entry_point = name
+            return function
+
+        return decorate
+
+    guard.entry_point = entry_point
+
+
+def _write() -> None:
+    """Step records and samples neither encoded nor written (headers and footers still are)."""
+    sink = importlib.import_module("traceml.capture.sink")
+    sink.RankSink.append = lambda self, record: self._fd is not None
+
+
+def _record() -> None:
+    """The step record not built: one record made at the first step is handed out again (a
+    copy, same size on the write), the step's accumulators just reset."""
+    step_clock = importlib.import_module("traceml.capture.step_clock")
+    original = step_clock.StepClock._close
+    made: dict[str, Any] = {}
+
+    def close(self, end_ns, optimizer_stepped, global_step, epoch):
+        if not made:
+            made.update(original(self, end_ns, optimizer_stepped, global_step, epoch))
+            return dict(made)
+        self._group = None
+        return made.copy()
+
+    step_clock.StepClock._close = close
+
+
+def _telemetry() -> None:
+    """No sampler thread, no RSS reading per step."""
+    importlib.import_module("traceml.capture.telemetry").sampler_for = lambda *a, **k: None
+    importlib.import_module("traceml.capture.step_clock").rss_reader = lambda: None
+
+
+def _input() -> None:
+    """The dataset / collate doors (worker-side input timing) not installed."""
+    dataloader = importlib.import_module("traceml.capture.instruments.dataloader")
+    dataloader.install_input_timing = lambda *a, **k: (None, "switched off by BUDGET_OFF")
+
+
+def _forward() -> None:
+    """No forward pre/post hooks on the model (Forward stays null, its time goes to Residual)."""
+    instruments = importlib.import_module("traceml.capture.frameworks.lightning_instruments")
+    instruments.forward_module = lambda pl_module: None
+
+
+def _transfer() -> None:
+    """The strategy's batch_to_device not wrapped (H2D stays null)."""
+    instruments = importlib.import_module("traceml.capture.frameworks.lightning_instruments")
+    instruments.Instruments._wrap_transfer = lambda self, strategy: None
+
+
+DOORS = {
+    "guard": _guard,
+    "write": _write,
+    "record": _record,
+    "telemetry": _telemetry,
+    "input": _input,
+    "forward": _forward,
+    "transfer": _transfer,
+}
+
+
+def install() -> None:
+    wanted = [door for door in os.environ.get("BUDGET_OFF", "").split(",") if door]
+    applied = []
+    for door in wanted:
+        try:
+            DOORS[door]()
+            applied.append(door)
+        except Exception as exc:  # a renamed target: the benchmark reports the door as n/a
+            print(f"BUDGET_OFF {door} not applied: {type(exc).__name__}: {exc}", flush=True)
+    if wanted:
+        print(f"BUDGET_OFF applied={','.join(applied) or '-'}", flush=True)
