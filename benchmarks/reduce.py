@@ -7,6 +7,14 @@ about the same for 8 x 100k as for 1 x 100k (bounded by the largest rank, not th
 
     python benchmarks/reduce.py                      # ~2 minutes, ~700 MB of temporary files
     python benchmarks/reduce.py --scale 0.1          # 10x smaller
+
+At scale, by simulation (issue 24): rank files laid out as node directories' worth of ranks
+(compact schema-1.3 records, as traceml writes them now), each node reduced into its partial
+(timed one node at a time: on a cluster the nodes do this in parallel), then the merge of the
+partials into the summary timed separately, at 1/4, 1/2 and all of the nodes (the merge's
+growth with the node count gives the 1,000-rank projection):
+
+    python benchmarks/reduce.py --nodes 16 --ranks-per-node 8 --steps 100000   # ~4 GB on disk
 """
 
 from __future__ import annotations
@@ -82,12 +90,21 @@ def measure(run_dir: Path, jobs: int = 1) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=0, help="simulate a multi-node layout")
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the step counts")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)"
     )
     args = parser.parse_args()
+    if args.nodes:
+        from reduce_nodes import run_nodes
+
+        run_nodes(args)
+        return
     cases = [(1, 100_000), (8, 100_000), (64, 10_000)]
     rates = {}
     peaks = {}

@@ -22,8 +22,8 @@ import orjson
 
 from traceml import schema
 from traceml.analysis.diagnose import diagnose
+from traceml.analysis.partials import partial_path, usable_cpu_count
 from traceml.analysis.partials import reduce_node as _reduce_node
-from traceml.analysis.partials import usable_cpu_count
 from traceml.analysis.reduce import list_rank_files, reduce_run
 from traceml.errors import OutputError
 from traceml.files import write_atomically
@@ -74,6 +74,31 @@ def reduce_node(
     the end of a multi-node run, with the thresholds the report will use."""
     warmup = int(resolve_thresholds(thresholds)["warmup_steps"])
     return _reduce_node(Path(run_dir), node, warmup, jobs or usable_cpu_count())
+
+
+def wait_for_partials(run_dir: Path, nodes: int, timeout_s: float, poll_s: float = 0.2) -> bool:
+    """Wait (bounded) until nodes 1..nodes-1 have written their partials (node 0 makes its own
+    while they make theirs). Returns whether they all did; the report reads the rank files of
+    any node that did not, with a note."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    wanted = [partial_path(Path(run_dir), node) for node in range(1, nodes)]
+    while True:
+        if all(path.exists() for path in wanted):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
+def summarise_nodes(
+    run_dir: Path, nodes: int, wait_s: float, **options: Any
+) -> tuple[dict[str, Any], str]:
+    """Node 0's end of a multi-node run: reduce its own rank files into its partial (while the
+    other nodes reduce theirs), wait up to ``wait_s`` for theirs, then :func:`summarise` (which
+    merges the partials and reads the rank files of any node that left none)."""
+    reduce_node(run_dir, 0, thresholds=options.get("thresholds"), jobs=options.get("jobs"))
+    wait_for_partials(run_dir, nodes, wait_s)
+    return summarise(run_dir, **options)
 
 
 def _write_results(run_dir: Path, summary: dict[str, Any], text: str, *, html: bool) -> None:

@@ -157,3 +157,22 @@ def test_approximate_quantiles_are_within_their_stated_bound(layout):
             low = stats.quantile_sorted(values, max(0.0, p - bound))
             high = stats.quantile_sorted(values, min(1.0, p + bound))
             assert low - 1e-6 <= value <= high + 1e-6, (field, p)
+
+
+def test_node_zero_reduces_its_own_node_waits_for_the_others_then_merges(layout, tmp_path):
+    from traceml.finalize import summarise_nodes
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(layout / "ranks", run_dir / "ranks")
+    thresholds = {"warmup_steps": WARMUP}
+    reduce_node(run_dir, 1, WARMUP)  # node 2 never reduces (it died)
+    summary, _text = summarise_nodes(run_dir, NODES, 0.2, thresholds=thresholds, write=False)
+    assert partial_path(run_dir, 0).exists()
+    notes = summary[schema.SUMMARY_NOTES]
+    assert any("node 2" in n and "rank files were read" in n for n in notes)
+    assert not any("node 0" in n or "node 1" in n for n in notes if "partial" in n)
+    expected = single_pass(run_dir, tmp_path)
+    for result in (summary, expected):
+        result.pop(schema.SUMMARY_NOTES), result.pop(schema.SUMMARY_VERDICTS, None)
+        result.pop(schema.SUMMARY_RUN_DIR, None), result.pop(schema.SUMMARY_GENERATED_AT)
+    assert summary == expected
