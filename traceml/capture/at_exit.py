@@ -1,0 +1,49 @@
+"""End of process: footers for runs that never reached their teardown; the direct-launch report.
+
+Every opened :class:`~traceml.capture.session.Session` registers here; one ``atexit`` handler
+closes the files still open (status ``interrupted``) and, on global rank 0 of a direct launch,
+runs the report in a child process (``run_end.report_in_child``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+from traceml import console, schema
+from traceml.capture.guard import entry_point
+
+_sessions: list[Any] = []
+_registered = False
+
+
+def register(session: Any) -> None:
+    """``session``: anything with ``finish_at_exit()``, ``pid``, ``settings``, ``rank_info``."""
+    global _registered
+    _sessions.append(session)
+    if not _registered:
+        _registered = True
+        atexit.register(at_exit)
+
+
+@entry_point("exit handler", "interpreter exit: footers and the direct-launch report", owner_arg=-1)
+def at_exit() -> None:
+    for session in list(_sessions):
+        try:
+            session.finish_at_exit()
+        except Exception:
+            pass
+    for session in list(_sessions):
+        if session.pid != os.getpid():
+            continue
+        settings = session.settings
+        is_rank_zero = session.rank_info.get(schema.RANK, 0) == 0
+        if is_rank_zero and settings.report and not settings.launcher_managed:
+            try:
+                from traceml.capture.run_end import report_in_child
+
+                report_in_child(settings)
+            except Exception as exc:
+                console.warn(f"could not write the final report ({type(exc).__name__}: {exc})")
+        break

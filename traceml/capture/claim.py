@@ -1,0 +1,64 @@
+"""One traced training per process: the first adapter to claim it owns the rank file.
+
+A second training in the same process (a new experiment) would mix two runs into one rank
+file, so it runs untraced with one warning. The generic torch-loop capture registers as a
+stand-by: when a framework adapter (Lightning) claims the training, the generic capture takes
+its hooks away, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from traceml import console
+
+_lock = threading.Lock()
+_owner: weakref.ref | None = None
+_warned_second = False
+_stand_by: list[Callable[[], None]] = []
+
+
+def claim(owner: Any) -> bool:
+    """Claim tracing for ``owner`` (a trainer, a loop capture); False when another has it."""
+    global _owner, _warned_second
+    with _lock:
+        current = _owner() if _owner is not None else None
+        if current is not None and current is not owner:
+            if not _warned_second:
+                _warned_second = True
+                console.warn(
+                    "a second training in this process is not traced (one run per process)"
+                )
+            return False
+        _owner = weakref.ref(owner)
+        stand_by = list(_stand_by)
+    for stand_down in stand_by:
+        if getattr(stand_down, "__self__", None) is not owner:
+            stand_down()
+    return True
+
+
+def owner() -> Any | None:
+    return _owner() if _owner is not None else None
+
+
+def register_stand_by(stand_down: Callable[[], None]) -> None:
+    """``stand_down()`` is called when another adapter claims the training."""
+    with _lock:
+        _stand_by.append(stand_down)
+
+
+def unregister_stand_by(stand_down: Callable[[], None]) -> None:
+    with _lock:
+        if stand_down in _stand_by:
+            _stand_by.remove(stand_down)
+
+
+def reset_for_tests() -> None:
+    global _owner, _warned_second
+    with _lock:
+        _owner = None
+        _warned_second = False

@@ -1,0 +1,104 @@
+"""Attaching the step callback to a Lightning training (plain Lightning and RF-DETR).
+
+The post-import hook wraps ``Trainer.fit`` of ``pytorch_lightning`` / ``lightning.pytorch``;
+RF-DETR attaches earlier, from its ``build_trainer``. Only the first training trainer of a
+process is traced (``traceml.capture.claim``). The callback class comes from the trainer's own
+Lightning package (``callback_lightning`` / ``callback_pytorch_lightning``), imported here so
+that the callback body (``lightning``) never imports them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceml.capture import claim
+from traceml.capture.guard import entry_point
+from traceml.settings import Settings
+
+from .lightning import StepTiming
+
+
+def find_traceml_callback(trainer: Any) -> Any | None:
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if isinstance(callback, StepTiming):
+            return callback
+    return None
+
+
+def attach(
+    trainer: Any,
+    settings: Settings,
+    *,
+    integration: str = "lightning",
+    unsupported_reason: str | None = None,
+    notes: list[dict[str, Any]] | None = None,
+) -> Any | None:
+    """Give ``trainer`` the step callback, unless it has one or another training was traced."""
+    existing = find_traceml_callback(trainer)
+    if existing is not None:
+        return existing
+    if not claim.claim(trainer):
+        return None
+    callback = callback_class_for(trainer)(
+        settings,
+        integration=integration,
+        unsupported_reason=unsupported_reason,
+        notes=notes,
+    )
+    trainer.callbacks.append(callback)
+    return callback
+
+
+def reset_claim_for_tests() -> None:
+    claim.reset_for_tests()
+
+
+def on_import(module: Any) -> None:
+    """Post-import hook for ``pytorch_lightning`` and ``lightning.pytorch``: trace the first
+    ``Trainer.fit`` of the process (plain Lightning scripts; RF-DETR attaches earlier)."""
+    import wrapt
+
+    trainer_class = module.Trainer
+    if getattr(trainer_class.fit, "_traceml_wrapped", False):
+        return
+    wrapt.wrap_function_wrapper(trainer_class, "fit", _fit_wrapper)
+    trainer_class.fit._traceml_wrapped = True
+
+
+def _fit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    attach_before_fit(instance)
+    return wrapped(*args, **kwargs)
+
+
+@entry_point(
+    "lightning.Trainer.fit", "the Trainer.fit wrapper, before the user's fit", owner_arg=-1
+)
+def attach_before_fit(trainer: Any) -> None:
+    from traceml.capture import bootstrap
+
+    settings = bootstrap.active_settings()
+    if settings is None or getattr(trainer, "_traceml_skip", False):
+        return
+    attach(trainer, settings)
+
+
+def lightning_package(trainer: Any) -> str:
+    """Which Lightning the trainer is from, by the first Lightning class in its MRO (a Trainer
+    subclass defined in the user's script has the script's module name)."""
+    for klass in type(trainer).__mro__:
+        module = klass.__module__ or ""
+        if module == "lightning" or module.startswith("lightning."):
+            return "lightning.pytorch"
+        if module.startswith("pytorch_lightning"):
+            return "pytorch_lightning"
+    return "pytorch_lightning"
+
+
+def callback_class_for(trainer: Any) -> type:
+    if lightning_package(trainer) == "lightning.pytorch":
+        from .callback_lightning import LightningStepCallback
+
+        return LightningStepCallback
+    from .callback_pytorch_lightning import PytorchLightningStepCallback
+
+    return PytorchLightningStepCallback

@@ -1,0 +1,399 @@
+"""One traced training on one rank, framework-free: what every adapter drives.
+
+An adapter (the Lightning callback, the generic torch-loop capture, the Hugging Face Trainer
+callback) knows *when* a phase begins and ends; the session knows what to do about it: the
+step clock (``step_clock``), the device timer (``cuda_timing``), the comm timer
+(``instruments.distributed``), telemetry, worker-side input timing, and the rank file
+(``recorder``). Its parts are typed in ``session_parts``.
+
+Lifecycle (``lifecycle``): :meth:`open` (rank file, unsupported checks: READY),
+:meth:`start` (clock and parts: TRACING), the boundaries, then :meth:`train_ended`,
+:meth:`failed` or :meth:`finish_at_exit`. Boundaries are plain methods, cheap, and only
+honoured while a microbatch is open; the adapter's own hooks are the guarded entry points
+(``guard``), and their failures reach :meth:`disable` through the adapter.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from traceml import console, schema
+from traceml.capture.lifecycle import Lifecycle, State
+from traceml.capture.recorder import RankRecorder, build_header
+from traceml.capture.session_parts import (
+    CommTiming,
+    CostOwner,
+    DeviceTimer,
+    InputTimingSource,
+    PhaseClock,
+    TelemetrySource,
+    Undo,
+    describe_device,
+)
+from traceml.settings import Settings
+
+clock_ns = time.perf_counter_ns
+RSS_EVERY_NS = 10_000_000
+
+
+class Session:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        integration: str,
+        notes: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.integration = integration
+        self.notes = list(notes or [])
+        self.life = Lifecycle()
+        self.recorder: RankRecorder | None = None
+        self.clock: PhaseClock | None = None
+        self.gpu: DeviceTimer | None = None
+        self.comm: CommTiming | None = None
+        self.telemetry: TelemetrySource | None = None
+        self.input_timing: InputTimingSource | None = None
+        self.rank_info: dict[str, Any] = {}
+        self.pid = os.getpid()
+        self.device: Any = None
+        self.header_extra: dict[str, Any] = {}
+        self.own_cost_ns = 0
+        self.cost_owners: list[CostOwner] = [self]  # adapters whose entry points cost time
+        self._cost_reported_ns = 0
+        self._clock_origin_unix = time.time()
+        self._rss: Any = None
+        self._rss_at = 0
+        self._disabled_warned = False
+        self._undo: list[Undo] = []
+        # A loop with no end event (any-loop capture): the process's exit ends the training,
+        # 'completed' unless an exception ended the script.
+        self.ends_at_exit = False
+        self.before_finish: list[Undo] = []  # adapters' last notes, before the footer
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def open(self, rank_info: dict[str, Any], unsupported_reason: str | None = None) -> bool:
+        """Create the rank file (READY), or name the unsupported setup; True when READY."""
+        from traceml.capture.session_start import open_session
+
+        return open_session(self, rank_info, unsupported_reason)
+
+    def mark_unsupported(self, reason: str) -> None:
+        self.life.move(State.UNSUPPORTED)
+        self.recorder.status = schema.STATUS_UNSUPPORTED
+        console.warn(f"not tracing: {reason} is not supported; training runs natively")
+        self.write_header(timing="host")
+        self.recorder.event("warning", schema.EVENT_UNSUPPORTED, f"{reason} is not supported")
+
+    def start(
+        self,
+        device: Any,
+        loop_facts: dict[str, Any],
+        *,
+        gpu: DeviceTimer | None = None,
+        ddp_model: Any = None,
+        origin_ns: int | None = None,
+    ) -> None:
+        """READY -> TRACING: the clock starts (at ``origin_ns``, a boundary already seen, or
+        now), the parts are installed, the header is written."""
+        from traceml.capture.session_start import start_session
+
+        start_session(self, device, loop_facts, gpu, ddp_model, origin_ns)
+
+    def use_input_timing(self, timing: InputTimingSource) -> None:
+        self.input_timing = timing
+        self.add_undo(timing.uninstall)
+
+    def add_undo(self, undo: Undo) -> None:
+        self._undo.append(undo)
+
+    def note(self, level: str, code: str, message: str) -> None:
+        if self.recorder is not None:
+            self.recorder.event(level, code, message)
+
+    # -- boundaries (the adapter checked nothing; each method checks the state) -------------
+
+    def iterator_created(self, start: int, end: int) -> None:
+        if self.life.state is State.TRACING:
+            self.clock.iterator_created(start, end)
+
+    def fetched(self, start: int, end: int) -> None:
+        if self.life.state is not State.TRACING:
+            return
+        starts_step = not self.clock.in_step
+        self.clock.fetched(start, end)
+        if self.gpu is not None and starts_step:
+            self.gpu.step_started()
+
+    def transfer_started(self) -> int | None:
+        if self.life.state is not State.TRACING or not self.clock.in_microbatch:
+            return None
+        self.clock.transfer_started()
+        if self.gpu is not None:
+            self.gpu.phase_started("h2d")
+        return clock_ns()
+
+    def transferred(self, start: int) -> None:
+        end = clock_ns()
+        if self.life.state is not State.TRACING:
+            return
+        if self.gpu is not None:
+            self.gpu.phase_ended("h2d")
+        self.clock.transferred(start, end)
+
+    def forward_started(self) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            self.clock.forward_started(clock_ns())
+            if self.gpu is not None:
+                self.gpu.phase_started("forward")
+
+    def forward_ended(self) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            if self.gpu is not None:
+                self.gpu.phase_ended("forward")
+            self.clock.forward_ended(clock_ns())
+
+    def backward_started(self) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            if self.comm is not None:
+                self.comm.backward_started()
+            self.clock.backward_started(clock_ns())
+            if self.gpu is not None:
+                self.gpu.phase_started("backward")
+
+    def backward_ended(self) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            if self.comm is not None:
+                self.comm.backward_finished()
+            if self.gpu is not None:
+                self.gpu.phase_ended("backward")
+            self.clock.backward_ended(clock_ns())
+
+    def optimizer_started(self) -> None:
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            self.clock.optimizer_started(clock_ns())
+            if self.gpu is not None:
+                self.gpu.phase_started("optimizer")
+
+    def batch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
+        """A microbatch ended; it writes the step when it stepped the optimizer."""
+        if self.life.state is State.TRACING and self.clock.in_microbatch:
+            now = clock_ns()
+            record = self.clock.batch_ended(now, global_step, epoch)
+            if record is not None:
+                self._emit(record, now)
+
+    def epoch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
+        """Flush microbatches that never reached an optimizer step; the epoch's input record."""
+        if self.life.state is State.TRACING:
+            now = clock_ns()
+            record = self.clock.epoch_ended(now, global_step, epoch)
+            if record is not None:
+                self._emit(record, now)
+            self.write_input_record(epoch)
+
+    def abandon_step(self) -> None:
+        """The open step is not a step (an exception the training recovered from)."""
+        if self.clock is not None:
+            self.clock.abandon()
+        if self.gpu is not None:
+            self.gpu.abandon_step()
+
+    def write_input_record(self, epoch: Any) -> None:
+        """Once per epoch: what the workers made since the last record (low rate)."""
+        if self.input_timing is None or self.recorder is None or not self.recorder.is_open:
+            return
+        record = self.input_timing.epoch_record(epoch)
+        if record is not None:
+            self.recorder.sink.write(record)
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _emit(self, record: dict[str, Any], now: int) -> None:
+        # About once a second the sampler has something queued; an attribute test otherwise.
+        if self.telemetry is not None and self.telemetry.pending:
+            self.recorder.samples(self.telemetry.collect())
+        # Reading RSS costs ~7 us in a busy loop (a procfs read): every step of a normal
+        # training, but at most every RSS_EVERY_NS on millisecond-scale steps (null between).
+        if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
+            self._rss_at = now
+            record[schema.RSS] = self._rss()
+        cost = 0
+        for owner in self.cost_owners:
+            cost += owner.own_cost_ns
+        if self.comm is not None:
+            cost += self.comm.own_cost_ns
+        if self.input_timing is not None:  # num_workers=0: its doors run in this process
+            cost += self.input_timing.own_cost_ns
+        record[schema.TRACEML_COST_US] = (cost - self._cost_reported_ns) / 1000.0
+        self._cost_reported_ns = cost
+        if self.gpu is not None:
+            self.gpu.step_ended(record)
+            for finished in self.gpu.ready():
+                self._write_step(finished)
+        else:
+            self._write_step(record)
+
+    def _write_step(self, record: dict[str, Any]) -> None:
+        recorder = self.recorder
+        if recorder is None or self.life.state not in (State.TRACING, State.DONE):
+            return
+        if not recorder.step(record):
+            # The sink warned once already (full disk, deleted directory...).
+            self.life.move(State.DISABLED)
+            recorder.status = schema.STATUS_DISABLED
+            self.remove_instruments()
+            return
+        if recorder.limit_reached and self.life.state is State.TRACING:
+            self.life.move(State.DONE)
+            self.remove_instruments()
+            self._drain()
+            recorder.event(
+                "info",
+                schema.EVENT_MAX_STEPS,
+                f"recorded the first {self.settings.trace_max_steps} steps "
+                "(TRACEML_TRACE_MAX_STEPS); later steps ran untraced",
+            )
+
+    def _drain(self) -> None:
+        """Write the steps still waiting for their CUDA events (end of training only). After a
+        sticky CUDA error the events cannot be read: those steps keep their host times."""
+        if self.gpu is None:
+            return
+        gpu, self.gpu = self.gpu, None
+        if self.comm is not None:
+            self.comm.gpu = None
+        for record in gpu.drain():
+            self._write_step(record)
+        if gpu.unreadable and self.recorder is not None:
+            self.recorder.event(
+                "warning",
+                schema.EVENT_NOTE,
+                f"the device could not report its timings for the last {gpu.unreadable} steps "
+                f"({gpu.unreadable_reason}); their host times are kept",
+            )
+
+    def write_header(self, timing: str) -> None:
+        if self.recorder is None:
+            return
+        self.recorder.write_header(
+            build_header(
+                self.settings,
+                self.rank_info,
+                integration=self.integration,
+                device=describe_device(self.device),
+                clock_origin_unix=self._clock_origin_unix,
+                timing=timing,
+                extra=self.header_extra,
+            )
+        )
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def train_ended(self, epoch: Any = None) -> None:
+        """Training finished normally: write what is pending; instruments off."""
+        if self.life.state in (State.TRACING, State.DONE):
+            self._drain()
+            self.write_input_record(epoch)
+        self.remove_instruments()
+        if self.life.state is State.TRACING:
+            self.life.move(State.DONE)
+
+    def failed(self, exception: BaseException) -> None:
+        """The user's training raised: the open step is dropped, the file says why."""
+        self.remove_instruments()
+        if self.recorder is None or self.life.state is State.IDLE:
+            return
+        self.abandon_step()
+        self._drain()
+        self.recorder.ended_by(exception)
+        self.finish()
+
+    def close(self) -> None:
+        """Instruments off, pending steps written, footer (the framework's teardown)."""
+        self.remove_instruments()
+        if self.recorder is not None and not self.recorder.footer_written:
+            self._drain()
+            self.finish()
+
+    def finish(self) -> None:
+        """Write the footer and close the rank file (once)."""
+        if self.recorder is None or self.recorder.footer_written:
+            return
+        if not self.recorder.header_written:
+            self.write_header(timing="host")
+        for last_words in self.before_finish:
+            try:
+                last_words()
+            except Exception:
+                pass
+        if self.clock is not None and self.clock.overlaps:
+            self.recorder.event(
+                "warning",
+                schema.EVENT_NOTE,
+                f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0",
+            )
+        sampler, self.telemetry = self.telemetry, None
+        if sampler is not None:
+            self.recorder.samples(list(sampler.stop()))
+        self.recorder.finish()
+        if self.life.state is State.TRACING:
+            self.life.move(State.DONE)
+
+    def finish_at_exit(self) -> None:
+        """Interpreter exit with the file still open: the run ended without its teardown."""
+        if self.recorder is None or self.recorder.footer_written or os.getpid() != self.pid:
+            return
+        self.remove_instruments()
+        if self.clock is not None:
+            self.clock.abandon()
+        try:
+            self._drain()
+        except Exception:
+            pass
+        exception = getattr(sys, "last_value", None)  # the script's uncaught exception, if any
+        if self.recorder.status is None and self.ends_at_exit:
+            if exception is not None:
+                self.recorder.ended_by(exception)
+        elif self.recorder.status is None:
+            self.recorder.status = schema.STATUS_INTERRUPTED
+            self.recorder.error = (
+                self.recorder.error or "the process exited before training finished"
+            )
+        self.finish()
+
+    # -- failure ---------------------------------------------------------------------------
+
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        self.disable(f"{name} failed ({type(exc).__name__}: {exc})")
+
+    def disable(self, reason: str) -> None:
+        """Tracing off for this process: one warning, instruments removed, a note in the file."""
+        self.remove_instruments()
+        if self.life.state in (State.DISABLED, State.UNSUPPORTED) or self._disabled_warned:
+            return
+        self._disabled_warned = True
+        self.life.move(State.DISABLED)  # allowed from every state but the final ones
+        if self.recorder is not None:
+            self.recorder.status = schema.STATUS_DISABLED
+        console.warn(f"tracing disabled: {reason}; training continues untraced", all_ranks=True)
+        try:
+            if self.recorder is not None and not self.recorder.header_written:
+                self.write_header(timing="host")
+            if self.recorder is not None:
+                self.recorder.event("warning", schema.EVENT_DISABLED, reason)
+        except Exception:
+            pass
+
+    def remove_instruments(self) -> None:
+        """Take everything installed away (idempotent; each undo runs even if one fails)."""
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:
+                pass
