@@ -62,11 +62,25 @@ LAUNCHERS: dict[str, dict] = {
         "PYTHONUNBUFFERED": 1,
     },
     "rfdetr": {"RFD_SKIP_EVAL": 1, "HF_HUB_OFFLINE": 1},
+    # Any PyTorch loop (traceml.capture.frameworks.torch_loop): a hand-written loop with a
+    # validation pass, and a Hugging Face Trainer (tiny BERT from a config), one raising.
+    "loop": {"LOOP_STEPS": STEPS, "LOOP_VALIDATE_EVERY": 4},
+    "loop_amp": {"LOOP_STEPS": STEPS, "LOOP_SCALER": 1, "LOOP_OVERFLOW_AT": 2},
+    "hf": {"HF_STEPS": STEPS, "HF_HUB_OFFLINE": 1},
+    "hf_raising": {"HF_STEPS": STEPS, "HF_RAISE_AT": RAISE_AFTER + 1, "HF_HUB_OFFLINE": 1},
+}
+SCRIPT_OF = {
+    "loop": SCRIPTS / "plain_loop.py",
+    "loop_amp": SCRIPTS / "plain_loop.py",
+    "hf": SCRIPTS / "hf_trainer.py",
+    "hf_raising": SCRIPTS / "hf_trainer.py",
 }
 # The untraced run whose exit code and weights a launcher kind's runs must match (RF-DETR:
 # exit code and warning only).
 REFERENCE = {"plain": "plain", "init": "plain", "raising": "raising", "torchrun": "torchrun"}
 EXPECTED_STEP = {"plain": STEPS, "init": STEPS, "raising": RAISE_AFTER, "torchrun": TORCHRUN_STEPS}
+REFERENCE.update(loop="loop", loop_amp="loop_amp", hf="hf", hf_raising="hf_raising")
+EXPECTED_STEP.update(loop=STEPS, loop_amp=STEPS, hf=STEPS, hf_raising=RAISE_AFTER)
 
 
 @dataclass(frozen=True)
@@ -132,6 +146,24 @@ SCENARIOS: dict[str, Scenario] = {
     "distributed.bucket_start": scenario("torchrun"),
     "distributed.bucket_launched": scenario("torchrun"),
     "distributed.backward_finished": scenario("torchrun"),
+    # Any PyTorch loop: a door that fails before the first training forward leaves no file.
+    "torch_loop.install": scenario("loop", None),
+    "torch_loop.fetch": scenario("loop", None),
+    "torch_loop.forward_pre_hook": scenario("loop", None),
+    "torch_loop.forward_hook": scenario("loop"),
+    "torch_loop.backward": scenario("loop"),
+    "torch_loop.backward_done": scenario("loop"),
+    "torch_loop.optimizer_pre_hook": scenario("loop"),
+    "torch_loop.optimizer_hook": scenario("loop"),
+    "torch_loop.epoch_end": scenario("loop"),
+    # AMP's GradScaler skipping the optimizer step of an overflowing step.
+    "torch_loop.scaler_skipped": scenario("loop_amp"),
+    "hf_trainer.train": scenario("hf", None),
+    "hf_trainer.on_train_begin": scenario("hf", None),
+    "hf_trainer.on_pre_optimizer_step": scenario("hf"),
+    "hf_trainer.on_step_end": scenario("hf"),
+    "hf_trainer.on_train_end": scenario("hf"),
+    "hf_trainer.train_failed": scenario("hf_raising", exit_code=1),
 }
 
 # Under torchrun each rank breaks a different entry point (TINY_FAULT_INJECT_BY_RANK): half the
@@ -203,6 +235,8 @@ def launch(launcher: str, workdir: Path, *, traced: bool, **extra) -> Outcome:
     env = clean_env(**settings, **LAUNCHERS[launcher], **extra)
     if launcher == "torchrun":
         command = [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", TINY]
+    elif launcher in SCRIPT_OF:
+        command = [PYTHON, SCRIPT_OF[launcher]]
     elif launcher == "rfdetr":
         env["RFD_WORKDIR"] = str(workdir / "work")
         command = [PYTHON, RFDETR_TRAIN]

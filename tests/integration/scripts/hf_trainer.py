@@ -1,0 +1,133 @@
+"""A Hugging Face Trainer on a tiny BERT built from a config (no download), injected costs.
+
+Environment: HF_STEPS (max_steps, default 6), HF_ACCUM (gradient_accumulation_steps),
+HF_GETITEM_MS / HF_FORWARD_MS / HF_BACKWARD_MS / HF_OPTIMIZER_MS (sleeps per sample, forward,
+backward, optimizer step), HF_EVAL_STEPS (evaluate every N steps; 0: never), HF_RAISE_AT (raise
+from the model's forward at this call). Prints ``HF_RESULT global_step=<n>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import torch
+from torch.utils.data import Dataset
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+
+def env_ms(name: str) -> float:
+    return float(os.environ.get(name, 0)) / 1000.0
+
+
+class Texts(Dataset):
+    def __init__(self, count: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, 100, (count, 8), generator=generator)
+        self.labels = torch.randint(0, 2, (count,), generator=generator)
+        self.sleep = env_ms("HF_GETITEM_MS")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        if self.sleep:
+            time.sleep(self.sleep)
+        return {"input_ids": self.ids[index], "labels": self.labels[index]}
+
+
+class SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(env_ms("HF_BACKWARD_MS"))
+        return grad
+
+
+class SlowBert(BertForSequenceClassification):
+    calls = 0
+
+    def forward(self, *args, **kwargs):
+        SlowBert.calls += 1
+        if SlowBert.calls == int(os.environ.get("HF_RAISE_AT", 0)):
+            raise RuntimeError(f"hf_trainer: failing on purpose at batch {SlowBert.calls}")
+        time.sleep(env_ms("HF_FORWARD_MS"))
+        output = super().forward(*args, **kwargs)
+        if output.loss is not None and self.training:
+            output.loss = SlowBackward.apply(output.loss)
+        return output
+
+
+class SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        time.sleep(env_ms("HF_OPTIMIZER_MS"))
+        return super().step(closure)
+
+
+def print_weights(model: torch.nn.Module, global_step: int) -> None:
+    """The fault-injection suite compares these with an untraced run's, bit for bit."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    print(f"TINY_WEIGHTS global_step={global_step} sha256={digest.hexdigest()}", flush=True)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    steps = int(os.environ.get("HF_STEPS", 6))
+    accum = int(os.environ.get("HF_ACCUM", 1))
+    eval_steps = int(os.environ.get("HF_EVAL_STEPS", 0))
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
+    model = SlowBert(config)
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = TrainingArguments(
+            output_dir=output_dir,
+            max_steps=steps,
+            per_device_train_batch_size=4,
+            per_device_eval_batch_size=4,
+            gradient_accumulation_steps=accum,
+            eval_strategy="steps" if eval_steps else "no",
+            eval_steps=eval_steps or None,
+            save_strategy="no",
+            logging_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            remove_unused_columns=False,
+        )
+        optimizer = SlowSGD(model.parameters(), lr=0.01)
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=Texts(steps * accum * 4),
+            eval_dataset=Texts(8),
+            optimizers=(optimizer, None),
+        )
+        try:
+            trainer.train()
+        finally:
+            print_weights(model, trainer.state.global_step)
+    print(f"HF_RESULT global_step={trainer.state.global_step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

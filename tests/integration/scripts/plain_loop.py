@@ -1,0 +1,169 @@
+"""A hand-written PyTorch training loop (and its Accelerate twin), with injected costs.
+
+Environment: LOOP_STEPS (optimizer steps, default 8), LOOP_ACCUM (microbatches per step),
+LOOP_GETITEM_MS / LOOP_FORWARD_MS / LOOP_BACKWARD_MS / LOOP_OPTIMIZER_MS (sleeps per sample,
+per forward, per backward, per optimizer step), LOOP_VALIDATE_EVERY (a validation pass every N
+steps), LOOP_ACCELERATE=1 (the same loop through accelerate.Accelerator(cpu=True)),
+LOOP_SLOW_RANK / LOOP_SLOW_FORWARD_MS (one DDP rank slower in forward). Under torchrun (2
+ranks) it trains with DDP on gloo. Prints ``LOOP_RESULT steps=<optimizer steps>``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def env_ms(name: str) -> float:
+    return float(os.environ.get(name, 0)) / 1000.0
+
+
+BATCH = 4
+
+
+class Samples(Dataset):
+    def __init__(self, count: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(count, 16, generator=generator)
+        self.y = torch.randn(count, 1, generator=generator)
+        self.sleep = env_ms("LOOP_GETITEM_MS")
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        if self.sleep:
+            time.sleep(self.sleep)
+        return self.x[index], self.y[index]
+
+
+class SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(env_ms("LOOP_BACKWARD_MS"))
+        return grad
+
+
+class Net(nn.Module):
+    def __init__(self, forward_s: float) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.forward_s = forward_s
+
+    def forward(self, x):
+        if self.forward_s:
+            time.sleep(self.forward_s)
+        return SlowBackward.apply(self.body(x))
+
+
+class SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        time.sleep(env_ms("LOOP_OPTIMIZER_MS"))
+        return super().step(closure)
+
+
+def print_weights(model: nn.Module, stepped: int) -> None:
+    """The fault-injection suite compares these with an untraced run's, bit for bit."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    print(f"TINY_WEIGHTS global_step={stepped} sha256={digest.hexdigest()}", flush=True)
+
+
+def validate(model: nn.Module, loader: DataLoader) -> None:
+    model.eval()
+    with torch.no_grad():
+        for x, _y in loader:
+            model(x)
+    model.train()
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    world = env_int("WORLD_SIZE", 1)
+    rank = env_int("RANK", 0)
+    if world > 1:
+        torch.distributed.init_process_group("gloo")
+    steps, accum = env_int("LOOP_STEPS", 8), env_int("LOOP_ACCUM", 1)
+    forward_s = env_ms("LOOP_FORWARD_MS")
+    if world > 1 and rank == env_int("LOOP_SLOW_RANK", -1):
+        forward_s += env_ms("LOOP_SLOW_FORWARD_MS")
+    model = Net(forward_s)
+    dataset = Samples(steps * accum * BATCH * world)
+    sampler = None
+    if world > 1:
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=False)
+    loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    val_loader = DataLoader(Samples(8), batch_size=4)
+    optimizer = SlowSGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+    validate_every = env_int("LOOP_VALIDATE_EVERY", 0)
+    if os.environ.get("LOOP_ACCELERATE"):
+        return accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, validate_every)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    # LOOP_SCALER=1: AMP's GradScaler (CPU), whose step skips optimizer.step() on the step
+    # LOOP_OVERFLOW_AT (the loss made infinite there).
+    scaler = torch.amp.GradScaler("cpu") if os.environ.get("LOOP_SCALER") else None
+    overflow_at = env_int("LOOP_OVERFLOW_AT", -1)
+    stepped = 0
+    for index, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y) / accum
+        if stepped == overflow_at:
+            loss = loss * float("inf")
+        (scaler.scale(loss) if scaler else loss).backward()
+        if (index + 1) % accum == 0:
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad()
+            stepped += 1
+            if validate_every and stepped % validate_every == 0:
+                validate(model, val_loader)
+    print(f"LOOP_RESULT steps={stepped}", flush=True)
+    print_weights(model, stepped)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, validate_every) -> int:
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
+    stepped = 0
+    for index, (x, y) in enumerate(loader):
+        with accelerator.accumulate(model):
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        if (index + 1) % accum == 0:
+            stepped += 1
+            if validate_every and stepped % validate_every == 0:
+                validate(model, val_loader)
+    print(f"LOOP_RESULT steps={stepped}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

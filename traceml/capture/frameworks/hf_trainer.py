@@ -1,0 +1,113 @@
+"""Hugging Face ``Trainer``: the any-loop capture, with the Trainer's own step events.
+
+The Trainer trains through torch calls the any-loop capture already times (``torch_loop``):
+its DataLoader fetches (Accelerate's prepared loader, which also moves the batch to the
+device), the model's forward, ``accelerator.backward`` (ending in ``torch.autograd.backward``)
+and ``optimizer.step()``. What this adapter adds (``Trainer._inner_training_loop``,
+transformers 5.x; see docs/any_pytorch.md):
+
+* the step ends at ``on_step_end`` (after clipping, the step, the scheduler and
+  ``zero_grad``), with the Trainer's ``global_step``; logging, evaluation and checkpoints after
+  it are the gap between steps, and ``Trainer.evaluate`` / ``predict`` never make a step;
+* ``on_pre_optimizer_step`` opens Optimizer before gradient clipping (as Lightning's does);
+* ``on_train_begin`` abandons an open step: ``auto_find_batch_size`` retries the whole inner
+  loop with a smaller batch after an out-of-memory error;
+* the end of ``Trainer.train`` (or its exception) closes the rank file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceml.capture.guard import entry_point
+
+_WRAPPED_MARK = "_traceml_wrapped"
+_callback_class: type | None = None
+
+
+def on_import(module: Any) -> None:
+    """Post-import hook for ``transformers.trainer``: wrap ``Trainer.train``."""
+    import wrapt
+
+    trainer_class = getattr(module, "Trainer", None)
+    if trainer_class is None or getattr(trainer_class.train, _WRAPPED_MARK, False):
+        return
+    wrapt.wrap_function_wrapper(trainer_class, "train", _train_wrapper)
+    setattr(trainer_class.train, _WRAPPED_MARK, True)
+
+
+def _train_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    callback = before_train(instance)
+    try:
+        return wrapped(*args, **kwargs)  # the user's errors reach the user unchanged
+    except BaseException as exc:
+        if callback is not None:
+            callback.train_failed(exc)
+        raise
+
+
+@entry_point("hf_trainer.train", "Trainer.train, before the Trainer's own code", owner_arg=-1)
+def before_train(trainer: Any) -> Any | None:
+    from .torch_loop import active_capture
+
+    capture = active_capture()
+    if capture is None or capture.stood_down:
+        return None
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, StepEvents):
+            return callback
+    if capture.session is None:
+        capture.integration = "hf_trainer"
+    capture.step_ends_at_optimizer = False
+    callback = callback_class()(capture)
+    trainer.add_callback(callback)
+    return callback
+
+
+def callback_class() -> type:
+    """``StepEvents`` as a ``transformers.TrainerCallback`` (made once, when first needed)."""
+    global _callback_class
+    if _callback_class is None:
+        from transformers import TrainerCallback
+
+        _callback_class = type("TraceMLTrainerCallback", (StepEvents, TrainerCallback), {})
+    return _callback_class
+
+
+class StepEvents:
+    """The Trainer callback's body; each event is a guarded entry point."""
+
+    def __init__(self, capture: Any) -> None:
+        self.capture = capture
+        self.own_cost_ns = 0
+
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        self.capture._entry_failed(name, exc)
+
+    @entry_point("hf_trainer.on_train_begin", "the Trainer's on_train_begin event")
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.capture.abandon_step()  # an auto_find_batch_size retry starts over
+
+    @entry_point("hf_trainer.on_pre_optimizer_step", "the Trainer's on_pre_optimizer_step")
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.capture.tracing:
+            self.capture.session.optimizer_started()
+
+    @entry_point("hf_trainer.on_step_end", "the Trainer's on_step_end event")
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.capture.tracing:
+            self.capture.step_ended(state.global_step)
+
+    @entry_point("hf_trainer.on_train_end", "the Trainer's on_train_end event")
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        session = self.capture.session
+        if session is not None:
+            session.epoch_ended(state.global_step, self.capture.epoch)
+            session.train_ended(self.capture.epoch)
+            session.close()
+
+    @entry_point("hf_trainer.train_failed", "Trainer.train raised (the user's exception)")
+    def train_failed(self, exception: BaseException) -> None:
+        session = self.capture.session
+        if session is not None:
+            session.failed(exception)

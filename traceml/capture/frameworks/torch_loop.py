@@ -1,0 +1,372 @@
+"""Any PyTorch training loop, with no code change: steps from torch-level boundaries.
+
+A hand-written loop (``for x, y in loader: opt.zero_grad(); loss = f(model(x), y);
+loss.backward(); opt.step()``), an Accelerate loop and the Hugging Face Trainer all end in the
+same torch calls; this adapter drives a :class:`~traceml.capture.session.Session` from them:
+
+    DataLoader iterator ``__next__``  -> Input Wait (only the fetches that feed a training
+                                         forward; a validation loader's fetches are dropped)
+    outermost module call, grad enabled, module in train mode   -> Forward
+    ``torch.autograd.backward`` (``Tensor.backward`` ends there) -> Backward
+    optimizer step (torch.optim's global step pre/post hooks)    -> Optimizer, and the end of
+                                                                    the step
+
+A step runs from the first fetch of its first microbatch to the end of its optimizer step;
+several forward/backward passes before one optimizer step are microbatches of one step
+(gradient accumulation). Evaluation (no grad, inference mode or eval mode) is not a forward:
+it lies between steps, in the next step's gap. What is not separated: the batch's copy to the
+device (H2D) is inside Residual, or inside Input Wait where the DataLoader moves it (Accelerate's
+prepared loaders do); the rank file says so.
+
+The root modules are found cheaply: a global forward pre/post hook (every module call) only
+until the first optimizer step, then hooks on the roots alone (``torch_loop_hooks``). The session
+opens at the first training forward, unless a Lightning package is loaded (its callback is more
+precise); a Lightning fit that claims the process later makes this capture stand down.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from traceml import schema
+from traceml.capture import claim
+from traceml.capture.guard import entry_point
+from traceml.capture.lifecycle import State
+from traceml.capture.session import Session
+from traceml.capture.session_parts import device_timer_for
+from traceml.settings import Settings
+
+from .torch_loop_hooks import LoopHooks
+
+clock_ns = time.perf_counter_ns
+# Trained through a Lightning callback (RF-DETR builds a pytorch_lightning Trainer).
+_LIGHTNING = ("lightning.pytorch", "pytorch_lightning", "rfdetr")
+NOTE_H2D = (
+    "any-loop capture: the batch's copy to the device is not timed apart (H2D is null); it is "
+    "in Residual, or in Input Wait where the DataLoader moves the batch (Accelerate)"
+)
+
+
+class LoopCapture:
+    """The adapter for one process (see the module docstring)."""
+
+    def __init__(self, settings: Settings, *, integration: str = "torch") -> None:
+        self.settings = settings
+        self.integration = integration
+        self.session: Session | None = None
+        self.hooks = LoopHooks(self)
+        self.own_cost_ns = 0  # time inside this capture's entry points (the guard adds to it)
+        self.thread: int | None = None  # the training thread, set by the first training forward
+        self.optimizer_ref: Any = None  # the optimizer whose step ends a step (the first seen)
+        self.steps = 0
+        self.epoch = 0
+        # Fetches not yet known to feed a training forward: (iterator id, first start, ns).
+        self._pending: tuple[int, int, int] | None = None
+        self._train_iterator: int | None = None
+        self._backward_done = False
+        self._epoch_over = False
+        self._backward_depth = 0
+        self._forward_depth = 0
+        self._noted: set[str] = set()
+        self.step_ends_at_optimizer = True  # the HF adapter ends steps at on_step_end instead
+        self.stood_down = False
+
+    # -- installing ------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self.hooks.install()
+        claim.register_stand_by(self.stand_down)
+
+    def stand_down(self) -> None:
+        """Another adapter traces this process (Lightning): take every hook away."""
+        self.stood_down = True
+        self.hooks.remove()
+        claim.unregister_stand_by(self.stand_down)
+
+    def _entry_failed(self, name: str, exc: BaseException) -> None:
+        if self.session is not None:
+            self.session._entry_failed(name, exc)
+        else:
+            from traceml.capture.guard import failed
+
+            self.hooks.remove()
+            failed(None, name, exc)
+
+    @property
+    def tracing(self) -> bool:
+        return self.session is not None and self.session.life.state is State.TRACING
+
+    # -- the session -----------------------------------------------------------------------
+
+    def _begin(self, module: Any) -> bool:
+        """The first training forward: claim the process and start the session."""
+        from traceml.capture import bootstrap
+
+        if bootstrap.active_settings() is None:  # tracing was turned off meanwhile
+            self.stand_down()
+            return False
+        if any(name in sys.modules for name in _LIGHTNING):
+            self.stand_down()  # a Lightning fit will claim it (more precise hooks)
+            return False
+        if not claim.claim(self):
+            self.stand_down()
+            return False
+        self.thread = threading.get_ident()
+        session = Session(self.settings, integration=self.integration)
+        session.cost_owners.append(self)
+        session.add_undo(self.hooks.remove)
+        session.ends_at_exit = True
+        session.before_finish.append(self.finish_notes)
+        self.session = session
+        device = _module_device(module)
+        session.device = device
+        if not session.open(rank_info()):
+            self.hooks.remove()
+            return False
+        origin = self._pending[1] if self._pending is not None else None
+        session.start(
+            device, _loop_facts(), gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
+        )
+        session.note("info", schema.EVENT_NOTE, NOTE_H2D)
+        return True
+
+    def note_once(self, key: str, message: str, level: str = "warning") -> None:
+        if key in self._noted or self.session is None:
+            return
+        self._noted.add(key)
+        self.session.note(level, schema.EVENT_NOTE, message)
+
+    # -- boundaries (called by the hooks in torch_loop_hooks) --------------------------------
+
+    @entry_point("torch_loop.fetch", "after a DataLoader iterator's __next__ returned a batch")
+    def fetched(self, iterator_id: int, start: int, end: int) -> None:
+        if self.thread is not None and threading.get_ident() != self.thread:
+            return
+        pending = self._pending
+        if pending is not None and pending[0] == iterator_id:
+            self._pending = (iterator_id, pending[1], pending[2] + end - start)
+        else:
+            self._pending = (iterator_id, start, end - start)
+
+    @entry_point("torch_loop.epoch_end", "a DataLoader iterator ran out (StopIteration)")
+    def iterator_exhausted(self, iterator_id: int) -> None:
+        # The epoch ends at the next training forward fed by another iterator: a prefetching
+        # loader (Accelerate's) sees StopIteration one batch before the loop does.
+        if iterator_id == self._train_iterator and self.tracing:
+            self._epoch_over = True
+
+    @entry_point("torch_loop.forward_pre_hook", "before the outermost module call")
+    def forward_started(self, module: Any) -> bool:
+        """Returns whether this call is timed as Forward (the post hook ends it)."""
+        import torch
+
+        if not (module.training and torch.is_grad_enabled()) or torch.is_inference_mode_enabled():
+            if self._forward_depth == 0 and module.training is False:
+                self._pending = None  # an evaluation batch: its fetch is not Input Wait
+            return False
+        if self.session is None:
+            if self.stood_down or not self._begin(module):
+                return False
+        elif threading.get_ident() != self.thread:
+            return False
+        session = self.session
+        if session.life.state is not State.TRACING:
+            return False
+        if self._forward_depth == 0 and not self._backward_depth:
+            self._microbatch_boundary(session)
+        self._forward_depth += 1
+        session.forward_started()
+        return True
+
+    def _microbatch_boundary(self, session: Session) -> None:
+        """A forward after a new fetch, or after a backward, starts a microbatch."""
+        clock = session.clock
+        pending = self._pending
+        if clock.in_microbatch and pending is None and not self._backward_done:
+            return  # a second forward of the same microbatch (two models, a loss module)
+        if self._epoch_over and pending is not None and pending[0] != self._train_iterator:
+            self._epoch_over = False
+            session.epoch_ended(self.steps, self.epoch)  # microbatches left without a step
+            self.epoch += 1
+        if clock.in_microbatch:
+            session.batch_ended(self.steps, self.epoch)  # no optimizer step: accumulation
+        if pending is not None:
+            self._train_iterator = pending[0]
+            session.fetched(pending[1], pending[1] + pending[2])
+        else:
+            now = clock_ns()
+            session.fetched(now, now)
+            if self._train_iterator is None:
+                self.note_once(
+                    "no-loader",
+                    "training batches do not come from a torch DataLoader: Input Wait is not "
+                    "measured (0)",
+                    level="info",
+                )
+        self._pending = None
+        self._backward_done = False
+
+    @entry_point("torch_loop.forward_hook", "after the outermost module call")
+    def forward_ended(self) -> None:
+        self._forward_depth -= 1
+        if self.session is not None:
+            self.session.forward_ended()
+
+    @entry_point("torch_loop.backward", "before torch.autograd.backward")
+    def backward_started(self) -> bool:
+        if not self.tracing or threading.get_ident() != self.thread:
+            return False
+        self._backward_depth += 1
+        if self._backward_depth == 1:
+            self.session.backward_started()
+        return True
+
+    @entry_point("torch_loop.backward_done", "after torch.autograd.backward")
+    def backward_ended(self) -> None:
+        self._backward_depth -= 1
+        if self._backward_depth == 0:
+            self._backward_done = True
+            self.session.backward_ended()
+
+    def backward_raised(self) -> None:
+        self._backward_depth = max(0, self._backward_depth - 1)
+
+    @entry_point("torch_loop.optimizer_pre_hook", "torch.optim's global step pre-hook")
+    def optimizer_started(self, optimizer: Any) -> None:
+        if not self._is_step_optimizer(optimizer):
+            return
+        self.session.optimizer_started()
+
+    @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
+    def optimizer_ended(self, optimizer: Any) -> None:
+        if not self._is_step_optimizer(optimizer):
+            return
+        if self.steps == 0:
+            self.hooks.roots_found()  # no more global forward hooks
+        if self.step_ends_at_optimizer:
+            self.step_ended()
+
+    @entry_point("torch_loop.scaler_skipped", "after GradScaler.step skipped optimizer.step")
+    def scaler_skipped(self, optimizer: Any) -> None:
+        if not self.step_ends_at_optimizer or not self._is_step_optimizer(optimizer):
+            return
+        self.note_once(
+            "scaler",
+            "AMP's GradScaler skipped optimizer steps (inf/NaN gradients): each still counts as "
+            "a step, with a near-zero Optimizer",
+            level="info",
+        )
+        self.session.optimizer_started()
+        self.step_ended()
+
+    def step_ended(self, global_step: Any = None) -> None:
+        session = self.session
+        if session is None or not session.clock.in_microbatch:
+            return
+        self.steps += 1
+        session.batch_ended(self.steps if global_step is None else global_step, self.epoch)
+
+    def _is_step_optimizer(self, optimizer: Any) -> bool:
+        import weakref
+
+        if not self.tracing:
+            return False
+        if threading.get_ident() != self.thread:
+            self.note_once(
+                "thread",
+                "an optimizer was stepped from another thread than the training loop: those "
+                "steps are not delimited (not counted)",
+            )
+            return False
+        current = self.optimizer_ref() if self.optimizer_ref is not None else None
+        if current is None:
+            self.optimizer_ref = weakref.ref(optimizer)
+            return True
+        if current is optimizer:
+            return True
+        self.note_once(
+            "optimizers",
+            "several optimizers step in this loop: a step ends at the first one's step; the "
+            "others' steps are in Residual or in the gap between steps",
+            level="info",
+        )
+        return False
+
+    def abandon_step(self) -> None:
+        """The open step is not a step (the framework starts its loop over)."""
+        self._pending = None
+        self._backward_done = False
+        self._backward_depth = self._forward_depth = 0
+        if self.session is not None:
+            self.session.abandon_step()
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def finish_notes(self) -> None:
+        """Honest limits, said once in the rank file before its footer."""
+        if self.session is None:
+            return
+        if self.steps == 0:
+            self.note_once(
+                "no-step",
+                "training forwards ran but no torch.optim optimizer step was seen (no optimizer, "
+                "an optimizer outside torch.optim, or a step compiled into one graph): steps "
+                "could not be delimited, so none are reported",
+            )
+
+
+def _module_device(module: Any) -> Any:
+    try:
+        for parameter in module.parameters():
+            return parameter.device
+    except Exception:
+        pass
+    return None
+
+
+def rank_info() -> dict[str, Any]:
+    """This process's place in the job: torch.distributed when initialised, else torchrun's
+    environment, else a single process."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return {
+        schema.RANK: rank,
+        schema.LOCAL_RANK: int(os.environ.get("LOCAL_RANK", 0)),
+        schema.WORLD_SIZE: world,
+        schema.NODE_RANK: int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0))),
+        schema.LOCAL_WORLD_SIZE: int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+    }
+
+
+def _loop_facts() -> dict[str, Any]:
+    return {schema.ACCUMULATE_GRAD_BATCHES: None, schema.BATCH_SIZE: None}
+
+
+_capture: LoopCapture | None = None
+
+
+@entry_point("torch_loop.install", "the post-import hook on torch", owner_arg=-1)
+def on_import(module: Any) -> None:
+    """Post-import hook for ``torch``: install the any-loop capture once per process."""
+    global _capture
+    from traceml.capture import bootstrap
+
+    settings = bootstrap.active_settings()
+    if settings is None or _capture is not None:
+        return
+    _capture = LoopCapture(settings)
+    _capture.install()
+
+
+def active_capture() -> LoopCapture | None:
+    return _capture

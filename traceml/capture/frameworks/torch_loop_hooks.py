@@ -1,0 +1,189 @@
+"""What the any-loop capture installs in torch, and how it takes it away again.
+
+* module forward hooks: global (``register_module_forward_pre_hook``: every module call) until
+  the first optimizer step, then on the root modules found by then only;
+* ``torch.optim``'s global optimizer step pre/post hooks;
+* ``torch.autograd.backward`` (``Tensor.backward`` calls it through the module attribute);
+* ``_BaseDataLoaderIter.__next__`` (every torch DataLoader iterator).
+
+Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
+before and after goes through the capture's guarded entry points. Everything is undone by
+:meth:`LoopHooks.remove` (at stand-down, on a failure, at the end of tracing).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from typing import Any
+
+clock_ns = time.perf_counter_ns
+
+
+class LoopHooks:
+    def __init__(self, capture: Any) -> None:
+        self.capture = capture
+        self.roots: weakref.WeakSet = weakref.WeakSet()
+        self._depth = 0  # module calls in progress (the outermost one is the forward)
+        self._outer_timed = False
+        self._forward_handles: list[Any] = []
+        self._undo: list[Any] = []
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        self._forward_handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+        ]
+        handles = [
+            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        self._undo.append(lambda: [handle.remove() for handle in handles])
+        self._wrap_backward()
+        self._wrap_fetch()
+        self._wrap_grad_scaler()
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def _pre(self, module: Any, _args: Any) -> None:
+        depth = self._depth
+        self._depth = depth + 1
+        if depth == 0:
+            timed = self.capture.forward_started(module)
+            self._outer_timed = bool(timed)
+            if timed and self._forward_handles and len(self._forward_handles) == 2:
+                self.roots.add(module)
+
+    def _post(self, _module: Any, _args: Any, _output: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._outer_timed:
+            self._outer_timed = False
+            self.capture.forward_ended()
+
+    def roots_found(self) -> None:
+        """After the first optimizer step: hooks on the roots only (no per-module cost)."""
+        if len(self._forward_handles) != 2:
+            return
+        global_handles, self._forward_handles = self._forward_handles, []
+        for handle in global_handles:
+            handle.remove()
+        for root in list(self.roots):
+            self._forward_handles.append(root.register_forward_pre_hook(self._pre))
+            self._forward_handles.append(root.register_forward_hook(self._post, always_call=True))
+        self._forward_handles.append(None)  # marks "roots only" (len != 2 from here on)
+
+    # -- optimizer -------------------------------------------------------------------------
+
+    def _optimizer_pre(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self.capture.optimizer_started(optimizer)
+
+    def _optimizer_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self.capture.optimizer_ended(optimizer)
+
+    # -- backward --------------------------------------------------------------------------
+
+    def _wrap_backward(self) -> None:
+        import torch.autograd
+
+        original = torch.autograd.backward
+        capture = self.capture
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            began = capture.backward_started()
+            try:
+                result = original(*args, **kwargs)  # the user's errors pass through unchanged
+            except BaseException:
+                if began:
+                    capture.backward_raised()
+                raise
+            if began:
+                capture.backward_ended()
+            return result
+
+        torch.autograd.backward = backward
+
+        def restore() -> None:
+            if torch.autograd.backward is backward:
+                torch.autograd.backward = original
+
+        self._undo.append(restore)
+
+    # -- input -----------------------------------------------------------------------------
+
+    def _wrap_fetch(self) -> None:
+        from torch.utils.data import dataloader
+
+        base = dataloader._BaseDataLoaderIter
+        original = base.__dict__["__next__"]
+        capture = self.capture
+
+        def __next__(self: Any) -> Any:
+            start = clock_ns()
+            try:
+                batch = original(self)  # the user's errors and StopIteration pass through
+            except StopIteration:
+                capture.iterator_exhausted(id(self))
+                raise
+            capture.fetched(id(self), start, clock_ns())
+            return batch
+
+        __next__.__qualname__ = original.__qualname__
+        base.__next__ = __next__
+
+        def restore() -> None:
+            if base.__dict__.get("__next__") is __next__:
+                base.__next__ = original
+
+        self._undo.append(restore)
+
+    # -- AMP -------------------------------------------------------------------------------
+
+    def _wrap_grad_scaler(self) -> None:
+        """``GradScaler.step`` skips ``optimizer.step()`` when gradients overflowed: no step
+        hook fires, yet the loop made a step. The wrapper tells the capture so."""
+        from torch.amp import grad_scaler
+
+        scaler_class = grad_scaler.GradScaler
+        original = scaler_class.__dict__["step"]
+        capture = self.capture
+
+        @functools.wraps(original)
+        def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = capture.steps
+            result = original(self, optimizer, *args, **kwargs)
+            if capture.steps == before:
+                capture.scaler_skipped(optimizer)
+            return result
+
+        scaler_class.step = step
+
+        def restore() -> None:
+            if scaler_class.__dict__.get("step") is step:
+                scaler_class.step = original
+
+        self._undo.append(restore)
+
+    # -- removing --------------------------------------------------------------------------
+
+    def remove(self) -> None:
+        """Take everything away (idempotent; each undo is attempted even if one fails)."""
+        handles, self._forward_handles = self._forward_handles, []
+        for handle in handles:
+            try:
+                if handle is not None:
+                    handle.remove()
+            except Exception:
+                pass
+        self._depth = 0
+        self._outer_timed = False
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:
+                pass
