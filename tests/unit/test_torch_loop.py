@@ -1,0 +1,119 @@
+"""The any-loop capture's grouping of boundaries into microbatches and steps (fake session;
+the real thing on real training is tests/integration/test_any_loop.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from traceml.capture.frameworks.torch_loop import LoopCapture  # noqa: E402
+from traceml.capture.lifecycle import State  # noqa: E402
+from traceml.settings import Settings  # noqa: E402
+
+
+class FakeClock:
+    def __init__(self, calls):
+        self.calls, self.in_microbatch = calls, False
+
+
+class FakeSession:
+    def __init__(self):
+        self.calls = []
+        self.clock = FakeClock(self.calls)
+        self.life = type("Life", (), {"state": State.TRACING})()
+
+    def fetched(self, start, end):
+        self.calls.append(("fetched", end - start))
+        self.clock.in_microbatch = True
+
+    def batch_ended(self, step, epoch):
+        self.calls.append(("batch_ended", step, epoch))
+        self.clock.in_microbatch = False
+
+    def epoch_ended(self, step, epoch):
+        self.calls.append(("epoch_ended", step, epoch))
+
+    def note(self, level, code, message):
+        self.calls.append(("note", message[:20]))
+
+    def __getattr__(self, name):  # forward_started, backward_ended, optimizer_started, ...
+        return lambda *args: self.calls.append((name,))
+
+
+class Optimizer:  # weak-referenceable, as torch.optim optimizers are
+    pass
+
+
+@pytest.fixture
+def capture(tmp_path):
+    loop = LoopCapture(Settings(logs_dir=tmp_path, run_name="t"))
+    loop.session = FakeSession()
+    loop.thread = threading.get_ident()
+    return loop
+
+
+def train_microbatch(capture, model, iterator_id=1, fetch_ns=(0, 10)):
+    capture.fetched(iterator_id, *fetch_ns)
+    assert capture.forward_started(model)
+    capture.forward_ended()
+    assert capture.backward_started()
+    capture.backward_ended()
+
+
+def test_two_microbatches_then_the_optimizer_make_one_step(capture):
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    train_microbatch(capture, model)
+    train_microbatch(capture, model)
+    capture.optimizer_started(optimizer)
+    capture.optimizer_ended(optimizer)
+    calls = [c for c in capture.session.calls if c[0] in ("fetched", "batch_ended")]
+    # The second fetch ends the first microbatch without a step; the optimizer ends the step.
+    assert calls == [("fetched", 10), ("batch_ended", 0, 0), ("fetched", 10), ("batch_ended", 1, 0)]
+    assert capture.steps == 1
+
+
+def test_an_evaluation_forward_drops_its_fetch_and_is_not_timed(capture):
+    model = torch.nn.Linear(2, 2)
+    capture.fetched(7, 0, 50)  # a validation loader's batch
+    model.eval()
+    with torch.no_grad():
+        assert not capture.forward_started(model)
+    assert capture._pending is None
+    model.train()
+    train_microbatch(capture, model, iterator_id=1, fetch_ns=(100, 104))
+    assert ("fetched", 4) in capture.session.calls and ("fetched", 54) not in capture.session.calls
+
+
+def test_fetches_of_one_iterator_before_a_forward_add_up(capture):
+    # The HF Trainer fetches a whole accumulation group before the first forward.
+    capture.fetched(1, 0, 10)
+    capture.fetched(1, 10, 30)
+    assert capture.forward_started(torch.nn.Linear(2, 2))
+    assert ("fetched", 30) in capture.session.calls
+
+
+def test_the_epoch_ends_at_the_first_forward_fed_by_a_new_iterator(capture):
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    train_microbatch(capture, model, iterator_id=1)
+    capture.iterator_exhausted(1)  # Accelerate's loader sees it one batch early
+    train_microbatch(capture, model, iterator_id=1)  # the last batch, same iterator
+    assert not any(c[0] == "epoch_ended" for c in capture.session.calls)
+    capture.optimizer_started(optimizer)
+    capture.optimizer_ended(optimizer)
+    train_microbatch(capture, model, iterator_id=2)
+    assert ("epoch_ended", 1, 0) in capture.session.calls and capture.epoch == 1
+
+
+def test_a_second_optimizer_does_not_end_steps(capture):
+    model, first, second = torch.nn.Linear(2, 2), Optimizer(), Optimizer()
+    train_microbatch(capture, model)
+    capture.optimizer_started(first)
+    capture.optimizer_ended(first)
+    train_microbatch(capture, model)
+    capture.optimizer_started(second)
+    capture.optimizer_ended(second)
+    assert capture.steps == 1
+    assert ("note", "several optimizers s") in capture.session.calls
