@@ -80,6 +80,14 @@ class LoopCapture:
     def install(self) -> None:
         self.hooks.install()
         claim.register_stand_by(self.stand_down)
+        # A forked child (a DataLoader worker) never traces: a module it calls in train mode
+        # must not reach the parent's session (its rank file descriptor is the parent's).
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.stood_down = True
+        self.session = None
+        self.hooks.remove()
 
     def stand_down(self) -> None:
         """Another adapter traces this process (Lightning): take every hook away."""
