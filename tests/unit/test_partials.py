@@ -22,19 +22,21 @@ NODES, RANKS_PER_NODE = 3, 2
 WARMUP = 5
 
 
-def write_layout(run_dir, steps: int = 3000, seed: int = 1) -> None:
-    """NODES x RANKS_PER_NODE ranks with skewed step times; rank 3 abandoned one step."""
+def write_layout(
+    run_dir, steps: int = 3000, seed: int = 1, nodes: int = NODES, per_node: int = RANKS_PER_NODE
+) -> None:
+    """nodes x per_node ranks with skewed step times; rank 3 abandoned one step."""
     rng = random.Random(seed)
-    world = NODES * RANKS_PER_NODE
+    world = nodes * per_node
     for rank in range(world):
-        node = rank // RANKS_PER_NODE
+        node = rank // per_node
         records = [
             header(
                 rank,
                 world,
                 node_rank=node,
-                local_rank=rank % RANKS_PER_NODE,
-                local_world_size=RANKS_PER_NODE,
+                local_rank=rank % per_node,
+                local_world_size=per_node,
                 host=f"node{node}",
             )
         ]
@@ -132,13 +134,22 @@ def test_a_stale_or_damaged_partial_is_not_trusted(layout, tmp_path):
     assert sum("another warm-up" in n for n in other[schema.SUMMARY_NOTES]) == 2
 
 
-def test_approximate_quantiles_are_within_their_stated_bound(layout):
-    summary = reduce_run(layout, thresholds={"warmup_steps": WARMUP}, now=NOW)
+# Layouts where nodes compress their sketches: 5 ranks of a node pass COMPRESS_AT; more than
+# MANY_NODES nodes are compressed once more for the run.
+COMPRESSING = [(2, 5, 2500), (10, 2, 2500)]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "per_node", "steps"), [(NODES, RANKS_PER_NODE, 3000), *COMPRESSING]
+)
+def test_approximate_quantiles_are_within_their_stated_bound(tmp_path, nodes, per_node, steps):
+    write_layout(tmp_path, steps, seed=nodes, nodes=nodes, per_node=per_node)
+    summary = reduce_run(tmp_path, thresholds={"warmup_steps": WARMUP}, now=NOW, jobs=2)
     exactness = summary[schema.SUMMARY_EXACTNESS]
     bound = exactness["quantile_rank_error"]
     assert bound == stats.QUANTILE_RANK_ERROR and exactness["approximate"]
     pooled: dict[str, list[float]] = {}
-    for path in sorted((layout / "ranks").iterdir()):
+    for path in sorted((tmp_path / "ranks").iterdir()):
         steps = [
             r for r in map(orjson.loads, path.read_bytes().splitlines()) if r["kind"] == "step"
         ][WARMUP:]
@@ -152,11 +163,23 @@ def test_approximate_quantiles_are_within_their_stated_bound(layout):
         assert (described["min"], described["max"]) == (values[0], values[-1])
         distribution = summary["overall"]["distributions"][field]
         for p, value in [(0.5, described["median"]), (0.9, described["p90"])] + [
-            (i / 1000, distribution[i]) for i in range(0, 1001, 50)
+            (i / 1000, distribution[i]) for i in range(0, 1001, 25)
         ]:
             low = stats.quantile_sorted(values, max(0.0, p - bound))
             high = stats.quantile_sorted(values, min(1.0, p + bound))
             assert low - 1e-6 <= value <= high + 1e-6, (field, p)
+
+
+@pytest.mark.parametrize(("nodes", "per_node", "steps"), COMPRESSING)
+def test_merged_equals_single_pass_where_nodes_compress_their_sketches(
+    tmp_path, nodes, per_node, steps
+):
+    run_dir = tmp_path / "run"
+    write_layout(run_dir, steps, seed=nodes, nodes=nodes, per_node=per_node)
+    expected = single_pass(run_dir, tmp_path)
+    for node in range(nodes):
+        reduce_node(run_dir, node, WARMUP)
+    assert merged(run_dir) == expected
 
 
 def test_node_zero_reduces_its_own_node_waits_for_the_others_then_merges(layout, tmp_path):

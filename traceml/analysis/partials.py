@@ -21,6 +21,7 @@ import orjson
 from traceml import schema
 from traceml.analysis.job_series import JobSeriesAccumulator
 from traceml.analysis.node_series import NodeSeries, node_of
+from traceml.analysis.node_sketches import NodeSketches
 from traceml.analysis.rankfile import scan_rank_files
 from traceml.analysis.reduce_rank import summarise_ranks
 from traceml.files import write_atomically
@@ -64,9 +65,14 @@ def reduce_node(run_dir: Path, node: int, warmup: int, jobs: int = 1) -> Path | 
         return None
     stamps = {str(rank): _file_stamp(path) for rank, path in files.items()}
     series = JobSeriesAccumulator()
+    sketches: dict[int, NodeSketches] = {}
     parts = []
     for part in summarise_ranks(files, warmup, jobs):
-        series.add(part.pop("job_series", None), node_of(part["header"]))
+        node_here = node_of(part["header"])
+        series.add(part.pop("job_series", None), node_here)
+        for fieldname, sketch in part.pop("sketches").items():
+            sketches.setdefault(node_here, NodeSketches()).add(fieldname, sketch)
+        part["sketches"] = {}  # the node's sketches stand for them (see node_sketches.py)
         parts.append(part)
     nodes = {node_of(part["header"]) for part in parts}
     states = {
@@ -79,6 +85,7 @@ def reduce_node(run_dir: Path, node: int, warmup: int, jobs: int = 1) -> Path | 
         "files": stamps,
         "parts": parts,
         "job_series": states,
+        "sketches": {str(n): group.to_state() for n, group in sorted(sketches.items())},
     }
     path = partial_path(run_dir, node)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +99,7 @@ class LoadedPartials:
     def __init__(self) -> None:
         self.parts: list[dict[str, Any]] = []
         self.series: dict[int, NodeSeries] = {}
+        self.sketches: dict[int, NodeSketches] = {}
         self.covered: set[int] = set()
         self.nodes: list[int] = []
         self.notes: list[str] = []
@@ -116,6 +124,9 @@ def load_partials(run_dir: Path, files: dict[int, Path], warmup: int) -> LoadedP
                 series = {
                     int(n): NodeSeries.from_state(s) for n, s in partial["job_series"].items()
                 }
+                sketches = {
+                    int(n): NodeSketches.from_state(s) for n, s in partial["sketches"].items()
+                }
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             why = f"unreadable ({type(exc).__name__})"
         if why is not None:
@@ -123,6 +134,7 @@ def load_partials(run_dir: Path, files: dict[int, Path], warmup: int) -> LoadedP
             continue
         loaded.parts.extend(partial["parts"])
         loaded.series.update(series)
+        loaded.sketches.update(sketches)
         loaded.covered.update(int(rank) for rank in partial["files"])
         loaded.nodes.append(partial[schema.NODE_RANK])
     return loaded

@@ -18,6 +18,7 @@ from traceml import schema
 from traceml.analysis import input_pipeline, job_series, stats
 from traceml.analysis.imbalance import imbalance_with_memory
 from traceml.analysis.node_series import node_of
+from traceml.analysis.node_sketches import NodeSketches, exactness, run_sketches
 from traceml.analysis.notes import dedupe_rank_notes, missing_ranks_note, warmup_note
 from traceml.analysis.partials import LoadedPartials, load_partials, missing_partials_note
 from traceml.analysis.rankfile import RankRecords, scan_rank_files
@@ -101,31 +102,27 @@ def reduce_records(
 
 
 class _FieldTotals:
-    """One field's statistics over every rank: sketches to merge, and the exact sum, count
-    and extremes (so the mean, min and max are exact whatever the sketches drop)."""
+    """One field's exact sum, count and extremes over every rank (so the mean, min and max
+    are exact whatever the sketches drop); the quantiles come from the nodes' sketches."""
 
     def __init__(self) -> None:
-        self.sketches: list[stats.Sketch] = []
         self.total = 0.0
         self.count = 0
         self.low = math.inf
         self.high = -math.inf
 
-    def add(self, sketch: stats.Sketch, described: dict[str, Any]) -> None:
-        self.sketches.append(sketch)
+    def add(self, described: dict[str, Any]) -> None:
         self.total += described["sum"]
         self.count += described["count"]
         self.low = min(self.low, described["min"])
         self.high = max(self.high, described["max"])
 
-    @property
-    def approximate(self) -> bool:
-        return any(weight != 1.0 for _values, weight in self.sketches)
-
-    def describe(self, ps: tuple[float, ...]) -> tuple[dict[str, Any], dict[float, float]]:
+    def describe(
+        self, sketches: list[stats.Sketch], ps: tuple[float, ...]
+    ) -> tuple[dict[str, Any], dict[float, float]]:
         """The overall statistics entry, and the merged quantiles at ``ps`` (with 0.5, 0.9)."""
         wanted = sorted({0.5, 0.9, *ps})
-        at = dict(zip(wanted, stats.merged_quantiles(self.sketches, wanted), strict=True))
+        at = dict(zip(wanted, stats.merged_quantiles(sketches, wanted), strict=True))
         described = {
             "count": self.count,
             "sum": self.total,
@@ -151,6 +148,8 @@ class _RunTotals:
         self.series = job_series.JobSeriesAccumulator()
         self.inputs: list[dict[str, Any]] = []
         self.read_nodes: set[int] = set()
+        self.sketches: dict[int, NodeSketches] = {}
+        self._run_sketches: dict[str, list[stats.Sketch]] = {}
 
     def add(self, part: dict[str, Any]) -> None:
         entry = part["entry"]
@@ -165,13 +164,28 @@ class _RunTotals:
             self.read_nodes.add(node_of(part["header"]))
             self.series.add(part["job_series"], node_of(part["header"]))
         self.inputs.extend(part.get("inputs") or [])
-        for fieldname, sketch in part["sketches"].items():
-            totals = self.fields.setdefault(fieldname, _FieldTotals())
-            totals.add(sketch, entry[schema.PHASE_STATS][fieldname])
+        node = node_of(part["header"])
+        for fieldname, described in entry[schema.PHASE_STATS].items():
+            if described is None:
+                continue
+            self.fields.setdefault(fieldname, _FieldTotals()).add(described)
+            sketch = part["sketches"].get(fieldname)
+            if sketch is not None:  # (a node's partial brings its node's sketches instead)
+                self.sketches.setdefault(node, NodeSketches()).add(fieldname, sketch)
+
+    def field_sketches(self, fieldname: str) -> list[stats.Sketch]:
+        """The run's sketches of a field (computed once: compressing many nodes costs)."""
+        if fieldname not in self._run_sketches:
+            self._run_sketches[fieldname] = run_sketches(self.sketches, fieldname)
+        return self._run_sketches[fieldname]
 
     @property
     def approximate(self) -> bool:
-        return any(totals.approximate for totals in self.fields.values())
+        return any(
+            weight != 1.0
+            for fieldname in self.fields
+            for _values, weight in self.field_sketches(fieldname)
+        )
 
     def steps(self, key: str) -> int:
         return sum(e[key] for e in self.entries)
@@ -192,6 +206,7 @@ def _summary_from_parts(
     totals.notes.extend(notes or [])
     for node, series in (partials.series if partials else {}).items():
         totals.series.add_node(node, series)
+    totals.sketches.update(partials.sketches if partials else {})
     for part in parts:
         totals.add(part)
     if partials is not None:
@@ -253,28 +268,6 @@ def _add_run_notes(totals: _RunTotals, missing: list[int], skipped: int, warmup:
         totals.notes.insert(0, note)
 
 
-def exactness(approximate: bool) -> dict[str, Any]:
-    """What the summary's figures are: which are exact and, for the approximate ones, the bound
-    (the same whether the run was reduced in one pass or merged from per-node partials)."""
-    return {
-        "exact": (
-            "counts, sums, means, min and max of every field; shares; every rank's own "
-            "statistics (its median and p90 too); the job series; every verdict's evidence"
-        ),
-        "approximate": (
-            ["overall median and p90 of each field", "overall distributions"] if approximate else []
-        ),
-        "quantile_rank_error": stats.QUANTILE_RANK_ERROR if approximate else 0.0,
-        "note": (
-            "quantiles pooled over ranks come from mergeable sketches (ranks with more than "
-            f"{stats.SKETCH_POINTS} steps): each is within {stats.QUANTILE_RANK_ERROR:.1%} of "
-            "rank of the exact one (p90 between the exact p89.9 and p90.1)"
-            if approximate
-            else "every figure is exact"
-        ),
-    }
-
-
 def _world_size(headers: dict[int, dict[str, Any]], found: list[int]) -> int:
     """The largest world size a (checked) header claims, or the highest rank file + 1."""
     claimed = max((h.get(schema.WORLD_SIZE) or 1 for h in headers.values()), default=1)
@@ -300,11 +293,12 @@ def _overall(totals: _RunTotals) -> dict[str, Any]:
     ps = tuple(stats.distribution_ps())
     for fieldname in STAT_FIELDS:
         field_totals = totals.fields.get(fieldname)
-        if field_totals is None or not field_totals.sketches:
+        sketches = totals.field_sketches(fieldname) if field_totals is not None else []
+        if field_totals is None or not sketches:
             phase_stats[fieldname] = None
             continue
         wanted = fieldname in _DISTRIBUTED_FIELDS
-        phase_stats[fieldname], at = field_totals.describe(ps if wanted else ())
+        phase_stats[fieldname], at = field_totals.describe(sketches, ps if wanted else ())
         if wanted:
             distributions[fieldname] = [round(at[p], 6) for p in ps]
     step_stats = phase_stats.get(schema.STEP)

@@ -249,3 +249,13 @@ def weighted_sd(values: Sequence[float], weights: Sequence[float] | None = None)
     mean = math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
     square = math.fsum(w * (v - mean) ** 2 for v, w in zip(values, weights, strict=True))
     return math.sqrt(square / (total - 1))
+
+
+def compress(sketches: list[Sketch], points: int = SKETCH_POINTS) -> Sketch:
+    """One sketch of ``points`` evenly spaced quantiles standing for the union of
+    ``sketches`` (each point weighs total / points): how a node's ranks, or many nodes, are
+    merged into a bounded number of points."""
+    total = math.fsum(len(values) * weight for values, weight in sketches)
+    last = points - 1
+    values = merged_quantiles(sketches, [i / last for i in range(points)])
+    return values, total / points

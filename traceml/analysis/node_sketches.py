@@ -1,0 +1,86 @@
+"""One node's quantile sketches per field, kept bounded as its ranks are added.
+
+A rank contributes its sketch (:func:`stats.sketch_sorted`: every value up to SKETCH_POINTS,
+else that many order statistics); a node's sketches of a field are compressed into one when
+they pass COMPRESS_AT points, and on a run of more than MANY_NODES nodes each node's are
+compressed to SKETCH_POINTS before the run's quantiles are taken, so the merge costs
+O(nodes) points, not O(ranks). The single pass and the merge of per-node partials add the
+same sketches in the same order per node: their quantiles are identical. Each compression
+adds at most about 1/SKETCH_POINTS of rank error (see stats.QUANTILE_RANK_ERROR).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceml.analysis import stats
+
+COMPRESS_AT = 4 * stats.SKETCH_POINTS
+MANY_NODES = 8
+
+
+class NodeSketches:
+    def __init__(self) -> None:
+        self.fields: dict[str, list[stats.Sketch]] = {}
+
+    def add(self, fieldname: str, sketch: stats.Sketch) -> None:
+        group = self.fields.setdefault(fieldname, [])
+        group.append(sketch)
+        if sum(len(values) for values, _weight in group) > COMPRESS_AT:
+            group[:] = [stats.compress(group)]
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            name: [[values, weight] for values, weight in group]
+            for name, group in self.fields.items()
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> NodeSketches:
+        """Raises ValueError / TypeError on a damaged state."""
+        sketches = cls()
+        for name, group in state.items():
+            checked = []
+            for values, weight in group:
+                if not isinstance(values, list) or not all(type(v) in (int, float) for v in values):
+                    raise ValueError(f"sketch of {name}: not a list of numbers")
+                checked.append((values, float(weight)))
+            sketches.fields[name] = checked
+        return sketches
+
+
+def run_sketches(nodes: dict[int, NodeSketches], fieldname: str) -> list[stats.Sketch]:
+    """Every node's sketches of ``fieldname`` in node order (compressed per node on a run of
+    many nodes)."""
+    many = len(nodes) > MANY_NODES
+    found: list[stats.Sketch] = []
+    for node in sorted(nodes):
+        group = nodes[node].fields.get(fieldname)
+        if not group:
+            continue
+        if many and sum(len(values) for values, _weight in group) > stats.SKETCH_POINTS:
+            group = [stats.compress(group)]
+        found.extend(group)
+    return found
+
+
+def exactness(approximate: bool) -> dict[str, Any]:
+    """What the summary's figures are: which are exact and, for the approximate ones, the bound
+    (the same whether the run was reduced in one pass or merged from per-node partials)."""
+    return {
+        "exact": (
+            "counts, sums, means, min and max of every field; shares; every rank's own "
+            "statistics (its median and p90 too); the job series; every verdict's evidence"
+        ),
+        "approximate": (
+            ["overall median and p90 of each field", "overall distributions"] if approximate else []
+        ),
+        "quantile_rank_error": stats.QUANTILE_RANK_ERROR if approximate else 0.0,
+        "note": (
+            "quantiles pooled over ranks come from mergeable sketches (ranks with more than "
+            f"{stats.SKETCH_POINTS} steps): each is within {stats.QUANTILE_RANK_ERROR:.1%} of "
+            "rank of the exact one (p90 between the exact p89.9 and p90.1)"
+            if approximate
+            else "every figure is exact"
+        ),
+    }
