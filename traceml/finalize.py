@@ -177,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--node", type=int, required=True)
     parser.add_argument("--jobs", type=int, default=0)
+    parser.add_argument("--warmup-steps", type=int, default=None)
     args = parser.parse_args(argv)
-    path = reduce_node(args.run_dir, args.node, jobs=args.jobs or None)
+    thresholds = None if args.warmup_steps is None else {"warmup_steps": args.warmup_steps}
+    path = reduce_node(args.run_dir, args.node, thresholds=thresholds, jobs=args.jobs or None)
     if path is None:
         print(f"traceml: node {args.node} wrote no rank file in {args.run_dir}", file=sys.stderr)
         return 1

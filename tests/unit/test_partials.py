@@ -199,3 +199,30 @@ def test_node_zero_reduces_its_own_node_waits_for_the_others_then_merges(layout,
         result.pop(schema.SUMMARY_NOTES), result.pop(schema.SUMMARY_VERDICTS, None)
         result.pop(schema.SUMMARY_RUN_DIR, None), result.pop(schema.SUMMARY_GENERATED_AT)
     assert summary == expected
+
+
+def test_a_direct_launchs_node_leader_reduces_its_node_in_a_child(layout, tmp_path):
+    """What a direct launch's local rank 0 on node 1 runs at exit: the child command (the
+    training process itself never loads the reducer)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from traceml.capture.run_end import node_partial_command
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(layout / "ranks", run_dir / "ranks")
+    settings = SimpleNamespace(run_dir=run_dir, thresholds={"warmup_steps": WARMUP})
+    command = node_partial_command(settings, 1)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    partial = orjson.loads(partial_path(run_dir, 1).read_bytes())
+    assert sorted(map(int, partial["files"])) == [2, 3]
+    assert partial[schema.SUMMARY_WARMUP] == WARMUP  # the report's warm-up: it will merge it
+    missing = subprocess.run(
+        node_partial_command(SimpleNamespace(run_dir=run_dir), 7),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert missing.returncode == 1 and "node 7 wrote no rank file" in missing.stderr

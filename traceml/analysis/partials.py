@@ -176,8 +176,8 @@ def missing_partials_note(loaded: LoadedPartials, read_nodes: set[int]) -> str |
         else "some ranks"
     )
     return (
-        f"no usable partial reduction from {which} (a node that stopped early?): "
-        "its rank files were read here instead"
+        f"no usable partial reduction from {which} (not made yet, or the node stopped "
+        "early): its rank files were read here instead"
     )
 
 

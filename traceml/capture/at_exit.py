@@ -39,11 +39,16 @@ def at_exit() -> None:
             continue
         settings = session.settings
         is_rank_zero = session.rank_info.get(schema.RANK, 0) == 0
-        if is_rank_zero and settings.report and not settings.launcher_managed:
+        node = session.rank_info.get(schema.NODE_RANK) or 0
+        node_leader = node > 0 and session.rank_info.get(schema.LOCAL_RANK, 0) == 0
+        if (is_rank_zero or node_leader) and settings.report and not settings.launcher_managed:
             try:
-                from traceml.capture.run_end import report_in_child
+                from traceml.capture import run_end
 
-                report_in_child(settings)
+                if is_rank_zero:
+                    run_end.report_in_child(settings)
+                else:  # this node's share of the report, in a child (issue 24)
+                    run_end.node_partial_in_child(settings, node)
             except Exception as exc:
                 console.warn(f"could not write the final report ({type(exc).__name__}: {exc})")
         break

@@ -37,8 +37,32 @@ def report_command(settings: Any) -> list[str]:
     return command
 
 
+def node_partial_command(settings: Any, node: int) -> list[str]:
+    """The command that reduces node ``node``'s rank files into its partial (issue 24)."""
+    run_dir = str(settings.run_dir)
+    command = [sys.executable, "-m", "traceml.finalize", "node-partial", run_dir]
+    command += ["--node", str(node)]
+    warmup = (getattr(settings, "thresholds", None) or {}).get("warmup_steps")
+    if warmup is not None:  # the report only merges partials made with its own warm-up
+        command += ["--warmup-steps", f"{int(warmup)}"]
+    return command
+
+
 def report_in_child(settings: Any) -> None:
     """Run the report in a child process and wait for it; its failures are its own lines."""
+    _run_child(report_command(settings), "could not write the final report (traceml report")
+
+
+def node_partial_in_child(settings: Any, node: int) -> None:
+    """On a node other than 0, its local rank 0 reduces the node's rank files in a child
+    process (the training process never loads the reducer) for node 0's report to merge."""
+    _run_child(
+        node_partial_command(settings, node),
+        f"could not reduce node {node}'s rank files (node-partial",
+    )
+
+
+def _run_child(command: list[str], failure: str) -> None:
     env = dict(os.environ)
     env["TRACEML"] = "0"  # the child only reads files: the report itself is not traced
     for stream in (sys.stdout, sys.stderr):
@@ -46,10 +70,6 @@ def report_in_child(settings: Any) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    completed = subprocess.run(
-        report_command(settings), env=env, stdin=subprocess.DEVNULL, check=False
-    )
+    completed = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, check=False)
     if completed.returncode != 0:
-        console.warn(
-            f"could not write the final report (traceml report exited {completed.returncode})"
-        )
+        console.warn(f"{failure} exited {completed.returncode})")
