@@ -127,6 +127,15 @@ def test_an_exception_in_a_trainer_is_recorded_and_reaches_the_user(tmp_path):
     assert len(steps_of(records)) == 3
 
 
+def test_the_trainers_out_of_memory_retry_drops_the_open_step(tmp_path):
+    # auto_find_batch_size: the 3rd forward runs out of memory; the Trainer starts over.
+    records, stdout = traced_run(tmp_path, HF, "oom", HF_STEPS=4, HF_OOM_AT=3)
+    assert "HF_RESULT global_step=4" in stdout
+    assert records[-1]["status"] == schema.STATUS_COMPLETED
+    assert [s[schema.GLOBAL_STEP] for s in steps_of(records)] == [1, 2, 1, 2, 3, 4]
+    assert any("started its training loop again" in r.get("message", "") for r in records)
+
+
 def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
     env = traced_env(
         tmp_path / "logs",

@@ -3,7 +3,9 @@
 Environment: HF_STEPS (max_steps, default 6), HF_ACCUM (gradient_accumulation_steps),
 HF_GETITEM_MS / HF_FORWARD_MS / HF_BACKWARD_MS / HF_OPTIMIZER_MS (sleeps per sample, forward,
 backward, optimizer step), HF_EVAL_STEPS (evaluate every N steps; 0: never), HF_RAISE_AT (raise
-from the model's forward at this call). Prints ``HF_RESULT global_step=<n>``.
+from the model's forward at this call), HF_OOM_AT (an out-of-memory error at this call, with
+auto_find_batch_size: the Trainer retries with half the batch).
+Prints ``HF_RESULT global_step=<n>``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class SlowBert(BertForSequenceClassification):
 
     def forward(self, *args, **kwargs):
         SlowBert.calls += 1
+        if SlowBert.calls == int(os.environ.get("HF_OOM_AT", 0)):
+            # What the Trainer's auto_find_batch_size retries on with a smaller batch.
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory (injected)")
         if SlowBert.calls == int(os.environ.get("HF_RAISE_AT", 0)):
             raise RuntimeError(f"hf_trainer: failing on purpose at batch {SlowBert.calls}")
         time.sleep(env_ms("HF_FORWARD_MS"))
@@ -112,6 +117,7 @@ def main() -> int:
             dataloader_num_workers=0,
             disable_tqdm=True,
             remove_unused_columns=False,
+            auto_find_batch_size=bool(os.environ.get("HF_OOM_AT")),
         )
         optimizer = SlowSGD(model.parameters(), lr=0.01)
         trainer = Trainer(

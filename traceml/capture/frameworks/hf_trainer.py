@@ -86,7 +86,14 @@ class StepEvents:
 
     @entry_point("hf_trainer.on_train_begin", "the Trainer's on_train_begin event")
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.capture.abandon_step()  # an auto_find_batch_size retry starts over
+        capture = self.capture
+        if capture.session is not None:  # auto_find_batch_size: the loop starts over
+            capture.note_once(
+                "hf-retry",
+                "the Trainer started its training loop again (auto_find_batch_size, after an "
+                "out-of-memory error): the open step was dropped; global_step starts over",
+            )
+        capture.abandon_step()
 
     @entry_point("hf_trainer.on_pre_optimizer_step", "the Trainer's on_pre_optimizer_step")
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
