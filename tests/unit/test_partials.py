@@ -134,8 +134,8 @@ def test_a_stale_or_damaged_partial_is_not_trusted(layout, tmp_path):
     assert sum("another warm-up" in n for n in other[schema.SUMMARY_NOTES]) == 2
 
 
-# Layouts where nodes compress their sketches: 5 ranks of a node pass COMPRESS_AT; more than
-# MANY_NODES nodes are compressed once more for the run.
+# Layouts where nodes compress their sketches: 5 ranks of a node pass COMPRESS_AT; and every
+# complete node's approximate sketches become one (NodeSketches.finish).
 COMPRESSING = [(2, 5, 2500), (10, 2, 2500)]
 
 

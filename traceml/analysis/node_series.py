@@ -131,7 +131,7 @@ class NodeSeries:
             "origin": self.origin,
             "length": self.length,
             "fields": {
-                name: [_encode("d", self.totals[name]), _encode("q", self.counts[name])]
+                name: [_encode("d", self.totals[name]), _encode_counts(self.counts[name])]
                 for name in self.totals
             },
         }
@@ -146,7 +146,9 @@ class NodeSeries:
         series.length = int(state["length"])
         for name, (totals, counts) in state["fields"].items():
             series.totals[name] = _decode("d", totals)
-            series.counts[name] = _decode("q", counts)
+            series.counts[name] = (
+                [int(counts)] * series.length if type(counts) is int else _decode("q", counts)
+            )
             if len(series.totals[name]) != series.length or len(series.counts[name]) != (
                 series.length
             ):
@@ -156,6 +158,13 @@ class NodeSeries:
 
 def _encode(typecode: str, values: list[Any]) -> str:
     return base64.b64encode(array(typecode, values).tobytes()).decode("ascii")
+
+
+def _encode_counts(counts: list[int]) -> int | str:
+    """Counts are nearly always the node's rank count at every step: one number then."""
+    if counts and counts.count(counts[0]) == len(counts):
+        return counts[0]
+    return _encode("q", counts)
 
 
 def _decode(typecode: str, text: str) -> list[Any]:

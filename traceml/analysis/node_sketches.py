@@ -2,9 +2,9 @@
 
 A rank contributes its sketch (:func:`stats.sketch_sorted`: every value up to SKETCH_POINTS,
 else that many order statistics); a node's sketches of a field are compressed into one when
-they pass COMPRESS_AT points, and on a run of more than MANY_NODES nodes each node's are
-compressed to SKETCH_POINTS before the run's quantiles are taken, so the merge costs
-O(nodes) points, not O(ranks). The single pass and the merge of per-node partials add the
+they pass COMPRESS_AT points, and once the node is complete an approximate group becomes one
+sketch of SKETCH_POINTS points (:meth:`NodeSketches.finish`), so the merge costs O(nodes)
+points, not O(ranks). The single pass and the merge of per-node partials add the
 same sketches in the same order per node: their quantiles are identical. Each compression
 adds at most about 1/SKETCH_POINTS of rank error (see stats.QUANTILE_RANK_ERROR).
 """
@@ -16,7 +16,6 @@ from typing import Any
 from traceml.analysis import stats
 
 COMPRESS_AT = 4 * stats.SKETCH_POINTS
-MANY_NODES = 8
 
 
 class NodeSketches:
@@ -28,6 +27,20 @@ class NodeSketches:
         group.append(sketch)
         if sum(len(values) for values, _weight in group) > COMPRESS_AT:
             group[:] = [stats.compress(group)]
+
+    def finish(self, fieldname: str | None = None) -> None:
+        """The node is complete: an approximate group (some rank had more than SKETCH_POINTS
+        steps) becomes one sketch of SKETCH_POINTS points, so a merge of N nodes handles
+        N x SKETCH_POINTS points per field. Idempotent; a node's partial is finished before it
+        is written, the single pass finishes each node when it takes the run's quantiles."""
+        for name in [fieldname] if fieldname else list(self.fields):
+            group = self.fields.get(name)
+            if not group:
+                continue
+            points = sum(len(values) for values, _weight in group)
+            approximate = any(weight != 1.0 for _values, weight in group)
+            if approximate and (len(group) > 1 or points > stats.SKETCH_POINTS):
+                group[:] = [stats.compress(group)]
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -50,17 +63,11 @@ class NodeSketches:
 
 
 def run_sketches(nodes: dict[int, NodeSketches], fieldname: str) -> list[stats.Sketch]:
-    """Every node's sketches of ``fieldname`` in node order (compressed per node on a run of
-    many nodes)."""
-    many = len(nodes) > MANY_NODES
+    """Every node's sketches of ``fieldname`` in node order, each node's finished first."""
     found: list[stats.Sketch] = []
     for node in sorted(nodes):
-        group = nodes[node].fields.get(fieldname)
-        if not group:
-            continue
-        if many and sum(len(values) for values, _weight in group) > stats.SKETCH_POINTS:
-            group = [stats.compress(group)]
-        found.extend(group)
+        nodes[node].finish(fieldname)
+        found.extend(nodes[node].fields.get(fieldname) or [])
     return found
 
 

@@ -74,6 +74,8 @@ def reduce_node(run_dir: Path, node: int, warmup: int, jobs: int = 1) -> Path | 
             sketches.setdefault(node_here, NodeSketches()).add(fieldname, sketch)
         part["sketches"] = {}  # the node's sketches stand for them (see node_sketches.py)
         parts.append(part)
+    for group in sketches.values():
+        group.finish()  # as the single pass does when it takes the run's quantiles
     nodes = {node_of(part["header"]) for part in parts}
     states = {
         str(n): series.node(n).to_state() for n in sorted(nodes) if series.node(n) is not None
