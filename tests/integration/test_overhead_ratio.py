@@ -1,0 +1,54 @@
+"""traceml's added cost per step on the stress loop stays within twice its budget.
+
+A ratio measured side by side in this one test, never an absolute time: plain and traced runs
+of the tiny Lightning script alternate (order flipped every round), each timing only
+Lightning's per-batch loop body (``scripts/loop_timer.py``) by the batches' 25th-percentile
+wall time (batches slowed by other work on a shared runner lie above it), and the median of
+the rounds' traced/plain must stay under ``1 + 2 * BUDGET_RATIO``. The budget is 30 us added
+to the stress loop's ~650 us step (docs/overhead.md); both are Python-bound, so the ratio
+carries over to faster or slower machines where microseconds would not.
+``benchmarks/overhead.py --budget`` says which door went over.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from procs import PYTHON, TINY, clean_env, run
+
+BUDGET_US_PER_STEP = 30.0
+STRESS_STEP_US = 650.0  # the plain stress loop per batch (benchmarks/results/overhead.txt)
+BUDGET_RATIO = BUDGET_US_PER_STEP / STRESS_STEP_US
+ROUNDS = 3
+BATCHES = 2000
+
+
+def loop_seconds(tmp_path, traced: bool, index: int) -> float:
+    env = clean_env(LOOP_TIMER="1", TINY_BATCHES=BATCHES, TINY_VALIDATE=0)
+    if traced:
+        env.update(
+            TRACEML="1",
+            TRACEML_REPORT="0",
+            TRACEML_LOGS_DIR=str(tmp_path / "logs"),
+            TRACEML_RUN_NAME=f"run{index}",
+        )
+    result = run([PYTHON, TINY], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [x for x in result.stdout.splitlines() if x.startswith("LOOP_TIMER")][-1]
+    fields = dict(item.split("=") for item in line.split()[1:])
+    assert int(fields["batches"]) == BATCHES
+    return float(fields["p25_seconds"])
+
+
+def test_added_cost_per_step_is_within_twice_the_budget(tmp_path):
+    ratios = []
+    for index in range(ROUNDS):
+        order = [False, True] if index % 2 == 0 else [True, False]
+        seconds = {traced: loop_seconds(tmp_path, traced, index) for traced in order}
+        ratios.append(seconds[True] / seconds[False])
+    ratio = statistics.median(ratios)
+    added_us = (ratio - 1) * STRESS_STEP_US
+    assert ratio <= 1 + 2 * BUDGET_RATIO, (
+        f"traced/plain {ratio:.3f} on the stress loop (~{added_us:.0f} us per step on a "
+        f"{STRESS_STEP_US:.0f} us step; budget {BUDGET_US_PER_STEP:.0f} us): rounds {ratios}"
+    )
