@@ -226,3 +226,12 @@ def test_a_direct_launchs_node_leader_reduces_its_node_in_a_child(layout, tmp_pa
         check=False,
     )
     assert missing.returncode == 1 and "node 7 wrote no rank file" in missing.stderr
+
+
+def test_quantiles_taken_in_worker_processes_are_the_same(layout, monkeypatch):
+    from traceml.analysis import node_sketches
+
+    alone = reduce_run(layout, thresholds={"warmup_steps": WARMUP}, now=NOW, jobs=1)
+    monkeypatch.setattr(node_sketches, "PARALLEL_POINTS", 0)  # a pool for every run
+    pooled = reduce_run(layout, thresholds={"warmup_steps": WARMUP}, now=NOW, jobs=2)
+    assert pooled == alone

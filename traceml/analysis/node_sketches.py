@@ -16,6 +16,9 @@ from typing import Any
 from traceml.analysis import stats
 
 COMPRESS_AT = 4 * stats.SKETCH_POINTS
+# Below this many sketch points in all, a run's quantiles are taken in this process (a pool
+# costs more than it saves).
+PARALLEL_POINTS = 500_000
 
 
 class NodeSketches:
@@ -62,13 +65,40 @@ class NodeSketches:
         return sketches
 
 
-def run_sketches(nodes: dict[int, NodeSketches], fieldname: str) -> list[stats.Sketch]:
-    """Every node's sketches of ``fieldname`` in node order, each node's finished first."""
-    found: list[stats.Sketch] = []
-    for node in sorted(nodes):
-        nodes[node].finish(fieldname)
-        found.extend(nodes[node].fields.get(fieldname) or [])
-    return found
+def field_quantiles(
+    groups: list[list[stats.Sketch]], wanted: list[float]
+) -> tuple[list[float], bool]:
+    """One field's run quantiles at ``wanted`` from its nodes' sketch groups (in node order),
+    each group finished first; and whether they are approximate. Picklable in and out: the
+    fields of a run are independent, so a process pool can take one each."""
+    sketches: list[stats.Sketch] = []
+    for group in groups:
+        node = NodeSketches()
+        node.fields["f"] = list(group)
+        node.finish("f")
+        sketches.extend(node.fields["f"])
+    approximate = any(weight != 1.0 for _values, weight in sketches)
+    return stats.merged_quantiles(sketches, wanted), approximate
+
+
+def all_field_quantiles(
+    nodes: dict[int, NodeSketches], wanted: dict[str, list[float]], jobs: int
+) -> dict[str, tuple[list[float], bool]]:
+    """:func:`field_quantiles` for every field in ``wanted``, in worker processes when the
+    sketches are many (a run of many nodes: each field sorts nodes x SKETCH_POINTS points)."""
+    groups = {
+        name: [nodes[n].fields[name] for n in sorted(nodes) if nodes[n].fields.get(name)]
+        for name in wanted
+    }
+    points = sum(len(v) for gs in groups.values() for g in gs for v, _w in g)
+    names = list(wanted)
+    if jobs <= 1 or len(names) <= 1 or points < PARALLEL_POINTS:
+        return {name: field_quantiles(groups[name], wanted[name]) for name in names}
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
+        found = pool.map(field_quantiles, [groups[n] for n in names], [wanted[n] for n in names])
+        return dict(zip(names, found, strict=True))
 
 
 def exactness(approximate: bool) -> dict[str, Any]:

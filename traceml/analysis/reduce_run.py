@@ -18,7 +18,7 @@ from traceml import schema
 from traceml.analysis import input_pipeline, job_series, stats
 from traceml.analysis.imbalance import imbalance_with_memory
 from traceml.analysis.node_series import node_of
-from traceml.analysis.node_sketches import NodeSketches, exactness, run_sketches
+from traceml.analysis.node_sketches import NodeSketches, all_field_quantiles, exactness
 from traceml.analysis.notes import dedupe_rank_notes, missing_ranks_note, warmup_note
 from traceml.analysis.partials import LoadedPartials, load_partials, missing_partials_note
 from traceml.analysis.rankfile import RankRecords, scan_rank_files
@@ -76,6 +76,7 @@ def reduce_run(
         now=now,
         notes=skipped + loaded.notes,
         partials=loaded,
+        jobs=jobs,
     )
 
 
@@ -117,13 +118,9 @@ class _FieldTotals:
         self.low = min(self.low, described["min"])
         self.high = max(self.high, described["max"])
 
-    def describe(
-        self, sketches: list[stats.Sketch], ps: tuple[float, ...]
-    ) -> tuple[dict[str, Any], dict[float, float]]:
-        """The overall statistics entry, and the merged quantiles at ``ps`` (with 0.5, 0.9)."""
-        wanted = sorted({0.5, 0.9, *ps})
-        at = dict(zip(wanted, stats.merged_quantiles(sketches, wanted), strict=True))
-        described = {
+    def describe(self, at: dict[float, float]) -> dict[str, Any]:
+        """The overall statistics entry, given the run's quantiles (with 0.5 and 0.9)."""
+        return {
             "count": self.count,
             "sum": self.total,
             "mean": self.total / self.count,
@@ -132,7 +129,6 @@ class _FieldTotals:
             "p90": at[0.9],
             "max": self.high,
         }
-        return described, at
 
 
 class _RunTotals:
@@ -149,7 +145,8 @@ class _RunTotals:
         self.inputs: list[dict[str, Any]] = []
         self.read_nodes: set[int] = set()
         self.sketches: dict[int, NodeSketches] = {}
-        self._run_sketches: dict[str, list[stats.Sketch]] = {}
+        self.approximate = False  # set with the run's quantiles (see _overall)
+        self.jobs = 1
 
     def add(self, part: dict[str, Any]) -> None:
         entry = part["entry"]
@@ -173,20 +170,6 @@ class _RunTotals:
             if sketch is not None:  # (a node's partial brings its node's sketches instead)
                 self.sketches.setdefault(node, NodeSketches()).add(fieldname, sketch)
 
-    def field_sketches(self, fieldname: str) -> list[stats.Sketch]:
-        """The run's sketches of a field (computed once: compressing many nodes costs)."""
-        if fieldname not in self._run_sketches:
-            self._run_sketches[fieldname] = run_sketches(self.sketches, fieldname)
-        return self._run_sketches[fieldname]
-
-    @property
-    def approximate(self) -> bool:
-        return any(
-            weight != 1.0
-            for fieldname in self.fields
-            for _values, weight in self.field_sketches(fieldname)
-        )
-
     def steps(self, key: str) -> int:
         return sum(e[key] for e in self.entries)
 
@@ -201,8 +184,10 @@ def _summary_from_parts(
     now: datetime | None,
     notes: list[str] | None = None,
     partials: LoadedPartials | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     totals = _RunTotals()
+    totals.jobs = jobs
     totals.notes.extend(notes or [])
     for node, series in (partials.series if partials else {}).items():
         totals.series.add_node(node, series)
@@ -291,15 +276,20 @@ def _overall(totals: _RunTotals) -> dict[str, Any]:
     phase_stats: dict[str, Any] = {}
     distributions: dict[str, list[float]] = {}
     ps = tuple(stats.distribution_ps())
+    wanted = {
+        name: sorted({0.5, 0.9, *(ps if name in _DISTRIBUTED_FIELDS else ())})
+        for name in STAT_FIELDS
+        if name in totals.fields and any(g.fields.get(name) for g in totals.sketches.values())
+    }
+    quantiles = all_field_quantiles(totals.sketches, wanted, totals.jobs)
+    totals.approximate = any(approximate for _at, approximate in quantiles.values())
     for fieldname in STAT_FIELDS:
-        field_totals = totals.fields.get(fieldname)
-        sketches = totals.field_sketches(fieldname) if field_totals is not None else []
-        if field_totals is None or not sketches:
+        if fieldname not in quantiles:
             phase_stats[fieldname] = None
             continue
-        wanted = fieldname in _DISTRIBUTED_FIELDS
-        phase_stats[fieldname], at = field_totals.describe(sketches, ps if wanted else ())
-        if wanted:
+        at = dict(zip(wanted[fieldname], quantiles[fieldname][0], strict=True))
+        phase_stats[fieldname] = totals.fields[fieldname].describe(at)
+        if fieldname in _DISTRIBUTED_FIELDS:
             distributions[fieldname] = [round(at[p], 6) for p in ps]
     step_stats = phase_stats.get(schema.STEP)
     entries = totals.entries
