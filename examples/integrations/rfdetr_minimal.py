@@ -64,6 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"input size, a multiple of 32 (default {DEFAULT_RESOLUTION}; "
         f"{DEMO_RESOLUTION} with --demo)",
     )
+    parser.add_argument(
+        "--read-latency-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="wait MS before every image read, as a network filesystem or object store does "
+        "(0): the case more DataLoader workers help, since they wait beside the training",
+    )
     parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
@@ -127,6 +135,23 @@ def make_demo_dataset(root: Path, seed: int, sizes: dict[str, int] | None = None
     return root
 
 
+def simulate_read_latency(milliseconds: float) -> None:
+    """Every image read (RF-DETR's COCO dataset opens images with ``PIL.Image.open``) first waits
+    ``milliseconds``. The wait uses no CPU, so DataLoader workers (forked with this patch) can
+    overlap it with training even on two cores, as they do for slow storage."""
+    import time
+
+    from PIL import Image
+
+    original = Image.open
+
+    def slow_open(*args, **kwargs):
+        time.sleep(milliseconds / 1000.0)
+        return original(*args, **kwargs)
+
+    Image.open = slow_open
+
+
 # ----------------------------------------------------------------------------------------------
 # Training
 
@@ -178,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
 
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
 
+    if args.read_latency_ms > 0:
+        simulate_read_latency(args.read_latency_ms)
     temp_root = None
     try:
         if args.demo:
