@@ -38,7 +38,7 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 from traceml.finalize import summarise
 start = time.perf_counter(); cpu = time.process_time()
-summary, _ = summarise(Path({run_dir!r}), jobs=1)
+summary, _ = summarise(Path({run_dir!r}), jobs={jobs})
 elapsed = time.perf_counter() - start
 assert not any("partial" in n for n in summary["notes"]), summary["notes"]
 status = open("/proc/self/status").read()
@@ -167,7 +167,7 @@ def run_nodes(args) -> None:
         shutil.rmtree(target, ignore_errors=True)
         subset(full, target, count, per_node)
         runs = [
-            child(MERGE_CHILD.format(root=str(ROOT), run_dir=str(target)), "MERGE")
+            child(MERGE_CHILD.format(root=str(ROOT), run_dir=str(target), jobs=jobs), "MERGE")
             for _ in range(args.repeats)
         ]
         seconds = statistics.median(r["seconds"] for r in runs)
