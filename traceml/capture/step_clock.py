@@ -35,9 +35,22 @@ DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
 COMM_FIELDS_UNMEASURED: dict[str, None] = {fieldname: None for fieldname in schema.COMM_FIELDS}
 
 
-def _us(ns: int) -> int:
-    """Whole microseconds, rounded to nearest (records carry host times at 1 us)."""
-    return (ns + 500) // NS_PER_US
+_StepRecord = schema.StepRecord
+_KIND, _KIND_STEP, _STEP_INDEX = schema.KIND, schema.KIND_STEP, schema.STEP_INDEX
+_GLOBAL_STEP, _EPOCH, _MICROBATCHES = schema.GLOBAL_STEP, schema.EPOCH, schema.MICROBATCHES
+_OPTIMIZER_STEPPED, _T_START, _GAP = schema.OPTIMIZER_STEPPED, schema.T_START_MS, schema.GAP_MS
+_STEP, _INPUT_WAIT, _H2D = schema.STEP, schema.INPUT_WAIT, schema.H2D
+_FORWARD, _BACKWARD, _OPTIMIZER = schema.FORWARD, schema.BACKWARD, schema.OPTIMIZER
+_RESIDUAL = schema.RESIDUAL
+_COMM, _COMM_COUNT, _COMM_BYTES = schema.COMM, schema.COMM_COUNT, schema.COMM_BYTES
+_COMM_OF_PHASE = schema.COMM_OF_PHASE
+_PHASE_NS = {
+    schema.INPUT_WAIT: "input_ns",
+    schema.H2D: "h2d_ns",
+    schema.FORWARD: "forward_ns",
+    schema.BACKWARD: "backward_ns",
+    schema.OPTIMIZER: "optimizer_ns",
+}
 
 
 def ns_to_ms(value: int | None) -> float | None:
@@ -268,43 +281,51 @@ class StepClock:
         self._last_end_ns = end_ns
         # Only what was measured, in whole microseconds; MICROBATCHES and OPTIMIZER_STEPPED
         # only when they differ from schema.STEP_DEFAULTS (about a third of the bytes of a
-        # record that spelled every field, and less to serialise).
-        record: dict[str, Any] = schema.StepRecord(
-            {schema.KIND: schema.KIND_STEP, schema.STEP_INDEX: self.steps_emitted}
-        )
-        if global_step is not None:
-            record[schema.GLOBAL_STEP] = global_step
-        if epoch is not None:
-            record[schema.EPOCH] = epoch
-        if group.microbatches != 1:
-            record[schema.MICROBATCHES] = group.microbatches
-        if not optimizer_stepped:
-            record[schema.OPTIMIZER_STEPPED] = False
-        record[schema.T_START_MS] = _us(group.start_ns - self.origin_ns) / US_PER_MS
-        if last_end is not None:
-            record[schema.GAP_MS] = _us(group.start_ns - last_end) / US_PER_MS
-        # Rounded phases still add up to the rounded step: Residual takes the rounding.
-        input_us = _us(group.input_ns)
+        # record that spelled every field). Hot path: names bound at import, rounding inline.
+        input_us = (group.input_ns + 500) // 1000
         named_us = input_us
-        step_field = schema.STEP
-        record[step_field] = None  # placed here, set below
-        record[schema.INPUT_WAIT] = input_us / US_PER_MS
-        for fieldname, value in (
-            (schema.H2D, h2d),
-            (schema.FORWARD, forward),
-            (schema.BACKWARD, backward),
-            (schema.OPTIMIZER, optimizer),
-        ):
-            if value is not None:
-                value_us = _us(value)
-                named_us += value_us
-                record[fieldname] = value_us / US_PER_MS
-        step_us = _us(step_ns)
+        h2d_us = forward_us = backward_us = optimizer_us = None
+        if h2d is not None:
+            h2d_us = (h2d + 500) // 1000
+            named_us += h2d_us
+        if forward is not None:
+            forward_us = (forward + 500) // 1000
+            named_us += forward_us
+        if backward is not None:
+            backward_us = (backward + 500) // 1000
+            named_us += backward_us
+        if optimizer is not None:
+            optimizer_us = (optimizer + 500) // 1000
+            named_us += optimizer_us
+        step_us = (step_ns + 500) // 1000
         residual_us = step_us - named_us
         if residual_us < 0:  # rounding only: the overlap case was handled in ns above
             step_us, residual_us = named_us, 0
-        record[step_field] = step_us / US_PER_MS
-        record[schema.RESIDUAL] = residual_us / US_PER_MS
+        record = _StepRecord()
+        record[_KIND] = _KIND_STEP
+        record[_STEP_INDEX] = self.steps_emitted
+        if global_step is not None:
+            record[_GLOBAL_STEP] = global_step
+        if epoch is not None:
+            record[_EPOCH] = epoch
+        if group.microbatches != 1:
+            record[_MICROBATCHES] = group.microbatches
+        if not optimizer_stepped:
+            record[_OPTIMIZER_STEPPED] = False
+        record[_T_START] = ((group.start_ns - self.origin_ns + 500) // 1000) / 1000.0
+        if last_end is not None:
+            record[_GAP] = ((group.start_ns - last_end + 500) // 1000) / 1000.0
+        record[_STEP] = step_us / 1000.0
+        record[_INPUT_WAIT] = input_us / 1000.0
+        if h2d_us is not None:
+            record[_H2D] = h2d_us / 1000.0
+        if forward_us is not None:
+            record[_FORWARD] = forward_us / 1000.0
+        if backward_us is not None:
+            record[_BACKWARD] = backward_us / 1000.0
+        if optimizer_us is not None:
+            record[_OPTIMIZER] = optimizer_us / 1000.0
+        record[_RESIDUAL] = residual_us / 1000.0
         if self.comm_enabled:
             self._comm_fields(record, group, residual_ns)
         self.steps_emitted += 1
@@ -312,27 +333,24 @@ class StepClock:
 
     @staticmethod
     def _comm_fields(record: dict[str, Any], group: _Group, residual_ns: int) -> None:
-        waited = group.comm_ns or {}
-        phase_ns = {
-            schema.INPUT_WAIT: group.input_ns,
-            schema.H2D: group.h2d_ns,
-            schema.FORWARD: group.forward_ns,
-            schema.BACKWARD: group.backward_ns,
-            schema.OPTIMIZER: group.optimizer_ns,
-            schema.RESIDUAL: residual_ns,
-        }
         total = 0
-        for phase, fieldname in schema.COMM_OF_PHASE.items():
+        # Only the phases that waited (usually Backward): absent means 0 when COMM is present
+        # (schema.ZERO_WHEN_MEASURED).
+        for phase, ns in (group.comm_ns or {}).items():
+            fieldname = _COMM_OF_PHASE.get(phase)
+            if fieldname is None or ns <= 0:
+                continue
             # A wait is inside its phase: never more than the phase itself (clock edges).
-            us = _us(min(waited.get(phase, 0), phase_ns[phase] or 0))
-            total += us
-            if us:  # absent means 0 when COMM is present (schema.ZERO_WHEN_MEASURED)
-                record[fieldname] = us / US_PER_MS
-        record[schema.COMM] = total / US_PER_MS
+            limit = residual_ns if phase == _RESIDUAL else getattr(group, _PHASE_NS[phase]) or 0
+            us = (min(ns, limit) + 500) // 1000
+            if us:
+                total += us
+                record[fieldname] = us / 1000.0
+        record[_COMM] = total / 1000.0
         if group.comm_count:
-            record[schema.COMM_COUNT] = group.comm_count
+            record[_COMM_COUNT] = group.comm_count
         if group.comm_bytes:
-            record[schema.COMM_BYTES] = group.comm_bytes
+            record[_COMM_BYTES] = group.comm_bytes
 
 
 def rss_reader():
