@@ -375,51 +375,6 @@ ZERO_WHEN_MEASURED: dict[str, tuple[str, ...]] = {
     COMM: (*COMM_OF_PHASE.values(), COMM_COUNT, COMM_BYTES),
     GPU_COMM: tuple(GPU_COMM_OF_PHASE.values()),
 }
-# Every field a step record may carry, in the order a writer puts them.
-STEP_RECORD_FIELDS: tuple[str, ...] = (
-    KIND,
-    STEP_INDEX,
-    GLOBAL_STEP,
-    EPOCH,
-    MICROBATCHES,
-    OPTIMIZER_STEPPED,
-    T_START_MS,
-    GAP_MS,
-    *TIMED_FIELDS[-1:],
-    *PHASES,
-    RSS,
-    TRACEML_COST_US,
-    *GPU_FIELDS,
-    MEM_PEAK_ALLOCATED,
-    MEM_PEAK_RESERVED,
-    GPU_COMM,
-    *GPU_COMM_OF_PHASE.values(),
-    *COMM_FIELDS,
-)
-
-
-def step_field_default(record: dict, fieldname: str) -> object:
-    """What an absent field of a compact step record stands for: its STEP_DEFAULTS value, 0
-    for a wait of a kind the record measured (ZERO_WHEN_MEASURED), else None (unmeasured)."""
-    if fieldname in STEP_DEFAULTS:
-        return STEP_DEFAULTS[fieldname]
-    for marker, fields in ZERO_WHEN_MEASURED.items():
-        if fieldname in fields and record.get(marker) is not None:
-            return 0 if fieldname in (COMM_COUNT, COMM_BYTES) else 0.0
-    return None
-
-
-class StepRecord(dict):
-    """A step record as written (only measured fields, see STEP_DEFAULTS), which reads back
-    every field: ``record[field]`` of an absent field is its default or None, never a
-    KeyError. ``get`` and serialisation see only what is there (orjson writes dict
-    subclasses as dicts)."""
-
-    __slots__ = ()
-
-    def __missing__(self, fieldname: str) -> object:
-        return step_field_default(self, fieldname)
-
 # Per-node partial reductions (issue 24): each node reduces its own rank files into
 # <run_dir>/partials/node_<N>.json; the report merges them (and reads the rest).
 PARTIAL_SCHEMA = "traceml.partial/1.0"

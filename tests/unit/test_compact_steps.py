@@ -8,6 +8,7 @@ from traceml import schema
 from traceml.analysis.rankfile import read_rank_file, read_records
 from traceml.analysis.reduce import reduce_run
 from traceml.capture.step_clock import StepClock
+from traceml.step_record import STEP_RECORD_FIELDS
 
 from rankfiles import footer, header, synthetic_run, write_rank
 
@@ -78,7 +79,7 @@ def test_compact_files_reduce_like_the_same_steps_spelled_out(tmp_path, comm):
             if record[schema.KIND] == schema.KIND_HEADER:
                 record = {**record, schema.SCHEMA: "traceml.rank/1.2"}
             elif record[schema.KIND] == schema.KIND_STEP:
-                record = {name: record[name] for name in schema.STEP_RECORD_FIELDS}
+                record = {name: record[name] for name in STEP_RECORD_FIELDS}
             spelled.append(record)
         write_rank(full, rank, spelled)
     line = (full / "ranks" / "rank_0.jsonl").read_bytes().splitlines()[1]

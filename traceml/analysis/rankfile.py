@@ -19,6 +19,7 @@ import orjson
 
 from traceml import schema
 from traceml.errors import ReduceError
+from traceml.step_record import StepRecord, step_field_default
 
 # Only the spelling traceml writes: "rank_01.jsonl" next to "rank_1.jsonl" would be two files
 # for one rank.
@@ -116,7 +117,7 @@ def parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
     ]
 
 
-class StepView(schema.StepRecord):
+class StepView(StepRecord):
     """A step record read back: every field readable, by ``[]`` or ``get`` (compact records
     of rank schema 1.3 leave unmeasured fields and defaults out)."""
 
@@ -125,7 +126,7 @@ class StepView(schema.StepRecord):
     def get(self, fieldname: str, default: Any = None) -> Any:  # type: ignore[override]
         if fieldname in self:
             return self[fieldname]
-        value = schema.step_field_default(self, fieldname)
+        value = step_field_default(self, fieldname)
         return default if value is None else value
 
 

@@ -18,24 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceml import schema
+from traceml.step_record import StepRecord
 
 NS_PER_MS = 1_000_000
-NS_PER_US = 1_000
-US_PER_MS = 1_000.0
-
-# The device and comm fields a step record may carry. A record carries a field only when it
-# was measured (rank schema 1.3): on CPU the device fields are simply absent, and the reader
-# gives them back as null, never 0. Kept for callers that list the unmeasured fields.
-DEVICE_FIELDS_UNMEASURED: dict[str, None] = {
-    **{fieldname: None for fieldname in schema.GPU_FIELDS},
-    schema.MEM_PEAK_ALLOCATED: None,
-    schema.MEM_PEAK_RESERVED: None,
-    **{fieldname: None for fieldname in schema.GPU_COMM_FIELDS},
-}
-COMM_FIELDS_UNMEASURED: dict[str, None] = {fieldname: None for fieldname in schema.COMM_FIELDS}
-
-
-_StepRecord = schema.StepRecord
+_StepRecord = StepRecord
 _KIND, _KIND_STEP, _STEP_INDEX = schema.KIND, schema.KIND_STEP, schema.STEP_INDEX
 _GLOBAL_STEP, _EPOCH, _MICROBATCHES = schema.GLOBAL_STEP, schema.EPOCH, schema.MICROBATCHES
 _OPTIMIZER_STEPPED, _T_START, _GAP = schema.OPTIMIZER_STEPPED, schema.T_START_MS, schema.GAP_MS
@@ -279,24 +265,39 @@ class StepClock:
             step_ns = named_total
         last_end = self._last_end_ns
         self._last_end_ns = end_ns
+        record = self._record(group, step_ns, last_end, optimizer_stepped, global_step, epoch)
+        if self.comm_enabled:
+            self._comm_fields(record, group, residual_ns)
+        self.steps_emitted += 1
+        return record
+
+    def _record(
+        self,
+        group: _Group,
+        step_ns: int,
+        last_end: int | None,
+        optimizer_stepped: bool,
+        global_step: int | None,
+        epoch: int | None,
+    ) -> dict[str, Any]:
+        """The step's record (its comm fields excepted)."""
+        h2d, forward, backward, optimizer = (
+            group.h2d_ns,
+            group.forward_ns,
+            group.backward_ns,
+            group.optimizer_ns,
+        )
         # Only what was measured, in whole microseconds; MICROBATCHES and OPTIMIZER_STEPPED
         # only when they differ from schema.STEP_DEFAULTS (about a third of the bytes of a
         # record that spelled every field). Hot path: names bound at import, rounding inline.
         input_us = (group.input_ns + 500) // 1000
-        named_us = input_us
-        h2d_us = forward_us = backward_us = optimizer_us = None
-        if h2d is not None:
-            h2d_us = (h2d + 500) // 1000
-            named_us += h2d_us
-        if forward is not None:
-            forward_us = (forward + 500) // 1000
-            named_us += forward_us
-        if backward is not None:
-            backward_us = (backward + 500) // 1000
-            named_us += backward_us
-        if optimizer is not None:
-            optimizer_us = (optimizer + 500) // 1000
-            named_us += optimizer_us
+        h2d_us = None if h2d is None else (h2d + 500) // 1000
+        forward_us = None if forward is None else (forward + 500) // 1000
+        backward_us = None if backward is None else (backward + 500) // 1000
+        optimizer_us = None if optimizer is None else (optimizer + 500) // 1000
+        named_us = (
+            input_us + (h2d_us or 0) + (forward_us or 0) + (backward_us or 0) + (optimizer_us or 0)
+        )
         step_us = (step_ns + 500) // 1000
         residual_us = step_us - named_us
         if residual_us < 0:  # rounding only: the overlap case was handled in ns above
@@ -326,9 +327,6 @@ class StepClock:
         if optimizer_us is not None:
             record[_OPTIMIZER] = optimizer_us / 1000.0
         record[_RESIDUAL] = residual_us / 1000.0
-        if self.comm_enabled:
-            self._comm_fields(record, group, residual_ns)
-        self.steps_emitted += 1
         return record
 
     @staticmethod
