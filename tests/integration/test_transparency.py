@@ -1,0 +1,252 @@
+"""Invisible to the training script (issue 20): ordinary user operations on real Lightning
+training give exactly the same observable outcome traced as untraced.
+
+Fast by design: the operations are grouped into a few scripts (scripts/transparency_*.py); each
+group runs once untraced and once traced (TRACEML=1), prints one JSON line of outcomes, and
+every row of the table below compares its keys between the two runs. Besides the outcomes,
+each run must exit 0, leave no file in /dev/shm or its temporary directory that the untraced
+run did not leave, and end with no thread alive that the untraced run did not have.
+
+docs/transparency.md holds the same table; test_the_documented_table_is_this_one keeps them
+equal, so every documented row is a test.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from procs import BIN, PYTHON, SCRIPTS, clean_env, run, traced_env
+
+ROOT = Path(__file__).resolve().parents[2]
+LIGHTNING = SCRIPTS / "transparency_lightning.py"
+DDP = SCRIPTS / "transparency_ddp.py"
+RFDETR = SCRIPTS / "transparency_rfdetr.py"
+
+# Row (as in docs/transparency.md) -> (group, outcome keys compared; a key ending in "*"
+# compares every key with that prefix).
+TABLE: dict[str, tuple[str, list[str]]] = {
+    "pickle / deepcopy / torch.save of the dataset, collate_fn and DataLoader inside "
+    "training_step": (
+        "main",
+        ["during.*.dataset", "during.*.collate_fn", "during.*.loader"],
+    ),
+    "pickle / deepcopy / torch.save of the model and the user's callback inside training_step": (
+        "main",
+        ["during.*.model", "during.*.callback"],
+    ),
+    "pickle / deepcopy / torch.save of the dataset, collate_fn, DataLoader, model and "
+    "callback after fit": ("main", ["after.pickle.*", "after.deepcopy.*", "after.torch_save.*"]),
+    "no traceml name inside anything the user saves": (
+        "main",
+        [
+            "during.traceml_in_saved.dataset",
+            "during.traceml_in_saved.collate_fn",
+            "during.traceml_in_saved.loader",
+            "after.traceml_in_saved.*",
+            "checkpoint.mentions_traceml",
+        ],
+    ),
+    "the user's dataset, DataLoader and collate_fn keep their types and attributes": (
+        "main",
+        ["during.types", "during.collate_is_users", "after.types", "after.loader_attributes"],
+    ),
+    "forkserver training workers, spawn validation workers over the training dataset, "
+    "gradient checkpointing: same steps, same weights bit for bit": (
+        "main",
+        ["fit.global_step", "fit.weights", "fit.callback_batches"],
+    ),
+    "trainer.validate / test / predict after fit": (
+        "main",
+        ["after.validate", "after.test", "after.predict"],
+    ),
+    "a second fit in the same process": ("main", ["second_fit.global_step"]),
+    "multiprocessing.set_start_method after fit": (
+        "main",
+        ["after.set_start_method", "after.start_method"],
+    ),
+    "manual optimization with two optimizers (GAN style)": ("gan", ["gan.*"]),
+    "a checkpoint saved traced resumes untraced and the other way round (global_step continues)": (
+        "resume",
+        ["resume.*"],
+    ),
+    "a DDP comm hook the user registers in on_train_start (2 gloo ranks)": (
+        "ddp",
+        ["register.on_train_start", "hook_calls", "on_train_start.*"],
+    ),
+    "a DDP comm hook the user registers in on_fit_start of a second fit": (
+        "ddp",
+        ["register.on_fit_start", "on_fit_start.*"],
+    ),
+    "async collectives: isinstance(work, dist.Work), wait, get_future, is_completed, exception": (
+        "ddp",
+        ["async.*"],
+    ),
+    "RF-DETR: model.train, the checkpoints it writes (no traceml name inside), model.export "
+    "after model.train": ("rfdetr", ["train.checkpoints", "export"]),
+    "RF-DETR: training resumed from a checkpoint saved traced": ("rfdetr", ["resume.*"]),
+    "exit code 0, no file left in /dev/shm or the temporary directory, no thread left": (
+        "every",
+        ["threads_left"],
+    ),
+}
+GROUPS = ("main", "gan", "resume", "ddp", "rfdetr")
+# Known gaps, each a strict xfail (it fails the suite once fixed, so the mark comes off).
+# Lightning gives every callback ``log``/``log_dict`` bound to the LightningModule during fit,
+# so both pickle the module, which carries traceml's forward hooks until the fit ends
+# (capture/frameworks/lightning_instruments.py registers them on the user's module).
+KNOWN_GAPS = {
+    "pickle / deepcopy / torch.save of the model and the user's callback inside training_step": (
+        "traceml's forward hooks sit on the user's module during fit"
+    ),
+}
+
+
+def has_rfdetr() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("rfdetr") is not None
+
+
+def shm_files() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+
+
+def stable_name(name: str) -> str:
+    """A left-over file's name without its random part (torchelastic_wfk27d9q -> torchelastic),
+    so that two runs leaving the same kinds of files compare equal."""
+    return re.sub(r"[_-](?=[A-Za-z0-9]*\d)[A-Za-z0-9]{6,}$", "", name)
+
+
+class Runs:
+    """Each group's untraced and traced outcomes, run once per module."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.outcomes: dict[tuple[str, str], dict] = {}
+        self.leftovers: dict[tuple[str, str], dict] = {}
+
+    def get(self, group: str, mode: str) -> dict:
+        if (group, mode) not in self.outcomes:
+            if group == "resume":  # each mode resumes from the other mode's checkpoint
+                self.get("main", "plain")
+                self.get("main", "traced")
+            if group == "rfdetr" and mode == "plain":  # resumes from the traced checkpoint
+                self.get("rfdetr", "traced")
+            self._run(group, mode)
+        return self.outcomes[group, mode]
+
+    def _run(self, group: str, mode: str) -> None:
+        work = self.root / f"{group}-{mode}"
+        tmp = work / "tmp"
+        tmp.mkdir(parents=True)
+        extra = {"TR_CASE": group, "TR_OUT": work, "TMPDIR": tmp}
+        if group == "resume":
+            other = "traced" if mode == "plain" else "plain"
+            extra["TR_RESUME_FROM"] = self.root / f"main-{other}" / "model.ckpt"
+        if group == "rfdetr" and mode == "plain":
+            extra["TR_RESUME_FROM"] = self.root / "rfdetr-traced" / "out" / "last.ckpt"
+        if mode == "traced":
+            env = traced_env(work / "logs", "run", **extra)
+        else:
+            env = clean_env(**{k: str(v) for k, v in extra.items()})
+        if group == "ddp":
+            args = [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", DDP]
+        elif group == "rfdetr":
+            args = [PYTHON, RFDETR]
+        else:
+            args = [PYTHON, LIGHTNING]
+        before = shm_files()
+        result = run(args, env, work, timeout=300)
+        assert result.returncode == 0, (group, mode, result.stderr[-4000:])
+        lines = [line for line in result.stdout.splitlines() if line.startswith("TR_OUTCOME ")]
+        merged: dict = {}
+        for line in sorted(lines):
+            body = line[len("TR_OUTCOME ") :]
+            match = re.match(r"rank=(\d+) (.*)", body)
+            rank, payload = (match.group(1), match.group(2)) if match else ("0", body)
+            for key, value in json.loads(payload).items():
+                merged[f"{key}@rank{rank}" if group == "ddp" else key] = value
+        assert merged, (group, mode, result.stdout[-2000:], result.stderr[-2000:])
+        merged["_diagnostics"] = [
+            line for line in result.stdout.splitlines() if line.startswith("TR_TRACEML_IN")
+        ]
+        self.outcomes[group, mode] = merged
+        self.leftovers[group, mode] = {
+            "shm": sorted(shm_files() - before),
+            "tmp": sorted({stable_name(p.name) for p in tmp.iterdir()}),
+        }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("transparency"))
+
+
+def selected(outcome: dict, patterns: list[str]) -> dict:
+    """The outcomes whose name (before any @rank) matches one of the fnmatch patterns."""
+    chosen = {}
+    for pattern in patterns:
+        for key, value in outcome.items():
+            if fnmatch.fnmatchcase(key.split("@", 1)[0], pattern):
+                chosen[key] = value
+    return chosen
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(row, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[row]))
+        if row in KNOWN_GAPS
+        else row
+        for row in TABLE
+    ],
+)
+def test_traced_exactly_as_untraced(runs, row):
+    group, patterns = TABLE[row]
+    if group == "rfdetr" and not has_rfdetr():
+        pytest.skip("rfdetr is not installed")
+    every = [g for g in GROUPS if g != "rfdetr" or has_rfdetr()]
+    for name in every if group == "every" else (group,):
+        plain, traced = runs.get(name, "plain"), runs.get(name, "traced")
+        expected, got = selected(plain, patterns), selected(traced, patterns)
+        assert expected, f"no outcome for {patterns} in the {name} run: a row that checks nothing"
+        assert got == expected, (name, traced["_diagnostics"])
+        if group == "every":
+            left = runs.leftovers[name, "traced"]
+            assert left == runs.leftovers[name, "plain"], name
+            assert not [n for names in left.values() for n in names if "traceml" in n], left
+
+
+def test_nothing_saved_mentions_traceml(runs):
+    outcome = runs.get("main", "traced")
+    saved = selected(
+        outcome,
+        [
+            "during.traceml_in_saved.dataset",
+            "during.traceml_in_saved.collate_fn",
+            "during.traceml_in_saved.loader",
+            "after.traceml_in_saved.*",
+        ],
+    )
+    assert saved and not any(saved.values())
+    assert outcome["checkpoint.mentions_traceml"] is False
+
+
+def test_the_user_comm_hook_is_the_one_that_runs(runs):
+    outcome = runs.get("ddp", "traced")
+    assert outcome["register.on_train_start@rank0"] == "ok"
+    assert outcome["hook_calls@rank0"]["on_train_start"] > 0
+    assert outcome["async.isinstance_work@rank0"] is True
+
+
+def test_the_documented_table_is_this_one():
+    text = (ROOT / "docs" / "transparency.md").read_text()
+    rows = re.findall(r"^\| (.+?) \| ", text, flags=re.MULTILINE)
+    documented = [row for row in rows if row not in ("What the script does", "---")]
+    assert documented == list(TABLE)
