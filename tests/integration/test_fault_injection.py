@@ -173,6 +173,8 @@ TORCHRUN_PAIRS = [
     ("distributed.collective_end", "distributed.work_wait"),
     ("distributed.backward_started", "distributed.bucket_start"),
     ("distributed.bucket_launched", "distributed.backward_finished"),
+    # An odd one out: paired again with an entry point whose own run is the first pair's.
+    ("distributed.collective_start", "distributed.work_wait_start"),
 ]
 
 
