@@ -144,7 +144,7 @@ class Runs:
     def _run(self, group: str, mode: str) -> None:
         work = self.root / f"{group}-{mode}"
         tmp = work / "tmp"
-        tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True, exist_ok=True)
         extra = {"TR_CASE": group, "TR_OUT": work, "TMPDIR": tmp}
         if group == "resume":
             other = "traced" if mode == "plain" else "plain"
@@ -164,14 +164,15 @@ class Runs:
         before = shm_files()
         result = run(args, env, work, timeout=300)
         assert result.returncode == 0, (group, mode, result.stderr[-4000:])
-        lines = [line for line in result.stdout.splitlines() if line.startswith("TR_OUTCOME ")]
         merged: dict = {}
-        for line in sorted(lines):
-            body = line[len("TR_OUTCOME ") :]
-            match = re.match(r"rank=(\d+) (.*)", body)
-            rank, payload = (match.group(1), match.group(2)) if match else ("0", body)
-            for key, value in json.loads(payload).items():
-                merged[f"{key}@rank{rank}" if group == "ddp" else key] = value
+        if group == "ddp":  # one file per rank (two ranks share one stdout pipe)
+            for path in sorted(work.glob("outcome-rank*.json")):
+                rank = path.stem.rsplit("rank", 1)[1]
+                for key, value in json.loads(path.read_text()).items():
+                    merged[f"{key}@rank{rank}"] = value
+        for line in result.stdout.splitlines():
+            if line.startswith("TR_OUTCOME "):
+                merged.update(json.loads(line[len("TR_OUTCOME ") :]))
         assert merged, (group, mode, result.stdout[-2000:], result.stderr[-2000:])
         merged["_diagnostics"] = [
             line for line in result.stdout.splitlines() if line.startswith("TR_TRACEML_IN")

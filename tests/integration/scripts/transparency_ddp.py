@@ -126,4 +126,7 @@ if __name__ == "__main__":
         t.name for t in threading.enumerate() if t is not threading.main_thread()
     )
     rank = os.environ.get("RANK", "0")
-    print(f"TR_OUTCOME rank={rank} " + json.dumps(outcome, sort_keys=True), flush=True)
+    # A file per rank: two ranks printing to one pipe can interleave their lines.
+    out = os.path.join(os.environ.get("TR_OUT", "."), f"outcome-rank{rank}.json")
+    with open(out, "w") as file:
+        json.dump(outcome, file, sort_keys=True)
