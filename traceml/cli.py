@@ -142,9 +142,10 @@ def _add_report(commands: Any) -> None:
     report.add_argument(
         "--jobs",
         type=int,
-        default=1,
+        default=0,
         metavar="N",
-        help="reduce N rank files at once in worker processes (memory: N ranks' steps)",
+        help="reduce N rank files at once in worker processes (memory: N ranks' steps; "
+        "default: the cores this process may use)",
     )
     report.add_argument(
         "--wait",
@@ -320,7 +321,11 @@ def _report(args: argparse.Namespace) -> int:
     notes = unfinished_ranks_note(run_dir, args.wait) if args.wait > 0 else []
     # ReduceError (nothing to summarise) and OutputError (cannot write) reach main().
     summary, text = summarise(
-        run_dir, thresholds=thresholds, notes=notes, html=args.html, jobs=max(1, args.jobs)
+        run_dir,
+        thresholds=thresholds,
+        notes=notes,
+        html=args.html,
+        jobs=args.jobs if args.jobs > 0 else None,
     )
     if args.after_direct_launch:
         from traceml.present.report import for_terminal

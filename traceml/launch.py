@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from traceml import schema
-from traceml.errors import LaunchError, OutputError, ReduceError
+from traceml.errors import LaunchError
 from traceml.settings import (
     Settings,
     is_valid_run_name,
@@ -33,8 +33,6 @@ from traceml.settings import (
 from traceml.versions import package_versions
 
 KILL_GRACE_S = 30.0
-# On one node the whole process group has exited: every rank file is final already.
-SINGLE_NODE_REPORT_WAIT_S = 0.0
 
 
 def _utc_now() -> str:
@@ -127,6 +125,9 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
         signal=signal.Signals(received).name if received else None,
     )
     if not is_node_zero:
+        from traceml.launch_report import reduce_this_node
+
+        reduce_this_node(args, settings)
         print(
             f"traceml: node {args.node_rank} finished (exit code {exit_code}); "
             "node 0 writes the report",
@@ -134,7 +135,9 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
         )
         return exit_code
     _write_manifest(run_dir, manifest)
-    exit_code = _report(args, settings, returncode, received, exit_code)
+    from traceml.launch_report import report_run
+
+    exit_code = report_run(args, settings, received, exit_code)
     return exit_code
 
 
@@ -234,74 +237,6 @@ def exit_code_for(returncode: int, received: int | None) -> int:
     if returncode < 0:
         return 128 - returncode
     return returncode
-
-
-def _report(
-    args: argparse.Namespace,
-    settings: Settings,
-    returncode: int,
-    received: int | None,
-    exit_code: int,
-) -> int:
-    from traceml.finalize import summarise, wait_for_ranks
-
-    run_dir = settings.run_dir
-    wait = args.report_wait if args.nnodes > 1 else SINGLE_NODE_REPORT_WAIT_S
-    world_size = args.nnodes * args.nproc_per_node
-    wait_for_ranks(run_dir, world_size if world_size > 1 else None, wait)
-    notes = []
-    if received is not None:
-        notes.append(
-            f"traceml run received {signal.Signals(received).name} and stopped the training; "
-            "this report covers the steps finished before that"
-        )
-    elif exit_code != 0:
-        notes.append(
-            f"the script exited with code {exit_code}: training did not finish, "
-            "this report covers the steps recorded before that"
-        )
-    try:
-        # A signal from outside stopped the run, whatever error the ranks died of (DataLoader
-        # workers killed by the same signal often surface as a RuntimeError first).
-        summary, text = summarise(
-            run_dir,
-            thresholds=settings.thresholds,
-            notes=notes,
-            html=settings.html,
-            status=schema.RUN_INTERRUPTED if received is not None else None,
-        )
-    except ReduceError:
-        print(
-            "traceml: no training steps were recorded (did the script train with Lightning "
-            "or RF-DETR, and configure devices from WORLD_SIZE when launched with "
-            f"--nproc-per-node?); run directory: {run_dir}",
-            file=sys.stderr,
-        )
-        return exit_code
-    except OutputError as exc:
-        print(f"traceml: could not write the report: {exc}", file=sys.stderr)
-        return exit_code
-    if settings.report:
-        from traceml.present.report import for_terminal
-
-        sys.stderr.flush()
-        print(for_terminal(text), end="", flush=True)
-    if settings.html:
-        from traceml.files import display_path
-
-        print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
-    if received is None and exit_code != 0 and _was_keyboard_interrupt(summary):
-        return 130
-    return exit_code
-
-
-def _was_keyboard_interrupt(summary: dict[str, Any]) -> bool:
-    """Whether a rank stopped on Ctrl-C (the terminal sent SIGINT to the script's group, not
-    to the launcher): the exit code is then 130, as for plain ``python``."""
-    return any(
-        entry.get(schema.ERROR_TYPE) == schema.ERROR_TYPE_KEYBOARD_INTERRUPT
-        for entry in summary.get(schema.SUMMARY_RANKS) or []
-    )
 
 
 # ----------------------------------------------------------------------------------------------

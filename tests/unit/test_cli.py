@@ -71,7 +71,7 @@ def test_script_args_after_args_are_untouched():
 def test_ctrl_c_is_read_from_the_rank_status_not_found_in_note_text(tmp_path):
     # Was: any note containing "KeyboardInterrupt" made `traceml run` exit 130.
     from traceml.analysis.reduce import reduce_run
-    from traceml.launch import _was_keyboard_interrupt
+    from traceml.launch_report import _was_keyboard_interrupt
 
     from rankfiles import step
 

@@ -1,0 +1,104 @@
+"""The launcher's end of a run: node 0 summarises and prints the report; other nodes reduce
+their own ranks into a partial for node 0 to merge."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from traceml import schema
+from traceml.errors import OutputError, ReduceError
+from traceml.finalize import reduce_node, summarise, summarise_nodes, wait_for_ranks
+from traceml.settings import Settings
+
+# On one node the whole process group has exited: every rank file is final already.
+SINGLE_NODE_REPORT_WAIT_S = 0.0
+
+
+def report_run(
+    args: argparse.Namespace, settings: Settings, received: int | None, exit_code: int
+) -> int:
+    """Node 0 after the training: wait for the ranks, summarise, print; the exit code to use."""
+    run_dir = settings.run_dir
+    wait = args.report_wait if args.nnodes > 1 else SINGLE_NODE_REPORT_WAIT_S
+    world_size = args.nnodes * args.nproc_per_node
+    wait_for_ranks(run_dir, world_size if world_size > 1 else None, wait)
+    notes = _ending_notes(received, exit_code)
+    try:
+        # A signal from outside stopped the run, whatever error the ranks died of (DataLoader
+        # workers killed by the same signal often surface as a RuntimeError first).
+        options: dict[str, Any] = {
+            "thresholds": settings.thresholds,
+            "notes": notes,
+            "html": settings.html,
+            "status": schema.RUN_INTERRUPTED if received is not None else None,
+        }
+        # Several nodes: each reduces its own ranks into a partial; node 0 merges them.
+        summary, text = (
+            summarise_nodes(run_dir, args.nnodes, args.report_wait, **options)
+            if args.nnodes > 1
+            else summarise(run_dir, **options)
+        )
+    except ReduceError:
+        print(
+            "traceml: no training steps were recorded (did the script step an optimizer, "
+            "and configure devices from WORLD_SIZE when launched with --nproc-per-node?); "
+            f"run directory: {run_dir}",
+            file=sys.stderr,
+        )
+        return exit_code
+    except OutputError as exc:
+        print(f"traceml: could not write the report: {exc}", file=sys.stderr)
+        return exit_code
+    if settings.report:
+        from traceml.present.report import for_terminal
+
+        sys.stderr.flush()
+        print(for_terminal(text), end="", flush=True)
+    if settings.html:
+        from traceml.files import display_path
+
+        print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
+    if received is None and exit_code != 0 and _was_keyboard_interrupt(summary):
+        return 130
+    return exit_code
+
+
+def _was_keyboard_interrupt(summary: dict[str, Any]) -> bool:
+    """Whether a rank stopped on Ctrl-C (the terminal sent SIGINT to the script's group, not
+    to the launcher): the exit code is then 130, as for plain ``python``."""
+    return any(
+        entry.get(schema.ERROR_TYPE) == schema.ERROR_TYPE_KEYBOARD_INTERRUPT
+        for entry in summary.get(schema.SUMMARY_RANKS) or []
+    )
+
+
+def reduce_this_node(args: argparse.Namespace, settings: Settings) -> None:
+    """A node other than 0: reduce this node's rank files into its partial, so node 0 merges a
+    small file instead of reading every rank over the shared filesystem. Best effort: node 0
+    reads the rank files of a node that left no partial, with a note."""
+    try:
+        reduce_node(settings.run_dir, args.node_rank, thresholds=settings.thresholds)
+    except Exception as exc:  # the report still comes from the rank files
+        print(
+            f"traceml: node {args.node_rank} could not write its partial summary "
+            f"({type(exc).__name__}: {exc}); node 0 reads its rank files instead",
+            file=sys.stderr,
+        )
+
+
+def _ending_notes(received: int | None, exit_code: int) -> list[str]:
+    """What the report must say about how the training ended."""
+    if received is not None:
+        return [
+            f"traceml run received {signal.Signals(received).name} and stopped the training; "
+            "this report covers the steps finished before that"
+        ]
+    if exit_code != 0:
+        return [
+            f"the script exited with code {exit_code}: training did not finish, "
+            "this report covers the steps recorded before that"
+        ]
+    return []
