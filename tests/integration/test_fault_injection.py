@@ -446,10 +446,9 @@ def test_a_failing_disk_stops_tracing_not_training(runs, errno_name):
     assert "cannot write" in warnings[0] and WRITE_FAILURES[errno_name] in warnings[0]
     [path] = outcome.rank_files()
     records = read_rank_file(path)
-    # The header's write went through, whole; nothing after it (no footer). Step records are
-    # batched (traceml.capture.sink): the failing write may have carried several.
-    assert records[0]["kind"] == "header"
-    assert "footer" not in [r["kind"] for r in records]
+    # The header's write went through, whole; nothing after it. (Step records are batched by
+    # traceml.capture.sink, so the failing write may have carried several: none is written.)
+    assert [r["kind"] for r in records] == ["header"]
 
 
 def test_deleting_the_logs_directory_mid_run_does_not_stop_training(tmp_path):
