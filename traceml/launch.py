@@ -112,6 +112,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
         _write_manifest(run_dir, manifest)
 
     monitor = start_live_view(args, settings, interval_s=live_interval_s, collect_s=live_collect_s)
+    launched_at = time.time()
     try:
         returncode, received = run_child(command, env)
     finally:
@@ -127,7 +128,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     if not is_node_zero:
         from traceml.launch_report import reduce_this_node
 
-        reduce_this_node(args, settings)
+        reduce_this_node(args, settings, launched_at)
         print(
             f"traceml: node {args.node_rank} finished (exit code {exit_code}); "
             "node 0 writes the report",

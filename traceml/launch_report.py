@@ -4,11 +4,16 @@ their own ranks into a partial for node 0 to merge."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
+import orjson
+
 from traceml import schema
+from traceml.analysis.reduce import list_rank_files
 from traceml.errors import OutputError, ReduceError
 from traceml.finalize import reduce_node, summarise, summarise_nodes, wait_for_ranks
 from traceml.settings import Settings
@@ -75,18 +80,50 @@ def _was_keyboard_interrupt(summary: dict[str, Any]) -> bool:
     )
 
 
-def reduce_this_node(args: argparse.Namespace, settings: Settings) -> None:
+def reduce_this_node(args: argparse.Namespace, settings: Settings, launched_at: float) -> None:
     """A node other than 0: reduce this node's rank files into its partial, so node 0 merges a
     small file instead of reading every rank over the shared filesystem. Best effort: node 0
     reads the rank files of a node that left no partial, with a note."""
     try:
-        reduce_node(settings.run_dir, args.node_rank, thresholds=settings.thresholds)
+        run_dir = this_node_run_dir(settings, args.node_rank, launched_at)
+        if run_dir is not None:
+            reduce_node(run_dir, args.node_rank, thresholds=settings.thresholds)
     except Exception as exc:  # the report still comes from the rank files
         print(
             f"traceml: node {args.node_rank} could not write its partial summary "
             f"({type(exc).__name__}: {exc}); node 0 reads its rank files instead",
             file=sys.stderr,
         )
+
+
+def this_node_run_dir(settings: Settings, node: int, launched_at: float) -> Path | None:
+    """Where this node's ranks wrote. With a derived run name (no --run-name) the ranks took
+    global rank 0's name, which this node's launcher never learnt: find the run directory,
+    written since this launch, holding a rank file whose header names this node."""
+    if _node_ranks(settings.run_dir, node):
+        return settings.run_dir
+    candidates = []
+    with contextlib.suppress(OSError):
+        for run_dir in Path(settings.logs_dir).iterdir():
+            ranks = run_dir / "ranks"
+            recent = ranks.is_dir() and ranks.stat().st_mtime >= launched_at - 1.0
+            if recent and _node_ranks(run_dir, node):
+                candidates.append((ranks.stat().st_mtime, run_dir))
+    return max(candidates)[1] if candidates else None
+
+
+def _node_ranks(run_dir: Path, node: int) -> list[int]:
+    """The ranks of ``run_dir`` whose header says they ran on node ``node``."""
+    found = []
+    for rank, path in list_rank_files(run_dir).items():
+        try:
+            with open(path, "rb") as handle:
+                header = orjson.loads(handle.readline())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(header, dict) and header.get(schema.NODE_RANK) == node:
+            found.append(rank)
+    return found
 
 
 def _ending_notes(received: int | None, exit_code: int) -> list[str]:
