@@ -234,7 +234,8 @@ def test_two_nodes_simulated_on_one_machine(tmp_path, tiny):
     assert "Verdict:" in outputs[0][0]
     assert "node 1 finished" in outputs[1][1]
     # Each node reduced its own rank into a partial; node 0 merged them (no fallback note).
-    assert sorted(p.name for p in (run_dir / "partials").iterdir()) == ["node_0.json", "node_1.json"]
+    partials = sorted(p.name for p in (run_dir / "partials").iterdir())
+    assert partials == ["node_0.json", "node_1.json"]
     assert not [note for note in summary["notes"] if "partial" in note], summary["notes"]
     assert_no_orphans(tmp_path)
 
