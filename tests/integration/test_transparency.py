@@ -120,7 +120,8 @@ def shm_files() -> set[str]:
 def stable_name(name: str) -> str:
     """A left-over file's name without its random part (torchelastic_wfk27d9q -> torchelastic),
     so that two runs leaving the same kinds of files compare equal."""
-    return re.sub(r"[_-](?=[A-Za-z0-9]*\d)[A-Za-z0-9]{6,}$", "", name)
+    # tempfile's random part: 8 characters of [a-z0-9_] after the prefix.
+    return re.sub(r"[_-][a-z0-9_]{8}$", "", name)
 
 
 class Runs:
