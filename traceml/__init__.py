@@ -10,11 +10,12 @@ __all__ = ["__version__", "init"]
 
 
 def init(**overrides: object) -> None:
-    """Trace the next RF-DETR / Lightning training in this process (manual activation).
+    """Trace the next training in this process (manual activation): Lightning, RF-DETR, a
+    Hugging Face Trainer or any PyTorch loop.
 
     Same effect as launching with ``TRACEML=1``. Keyword overrides: ``logs_dir``, ``run_name``,
-    ``trace_max_steps``. See :func:`traceml.capture.frameworks.rfdetr.init`.
+    ``trace_max_steps``, ``report``. See :func:`traceml.capture.manual.init`.
     """
-    from traceml.capture.frameworks.rfdetr import init as _init
+    from traceml.capture.manual import init as _init
 
     _init(**overrides)
