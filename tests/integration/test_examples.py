@@ -49,12 +49,30 @@ def test_compare_example_shows_what_more_workers_changed(tmp_path):
         assert not list((tmp_path / f"out{workers}").rglob("*.pth"))  # cleaned up, as said
         verdict = primary_verdict(tmp_path / "logs" / f"workers{workers}")
         assert verdict != schema.VERDICT_INSUFFICIENT_DATA
+        assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
+        summary_path = tmp_path / "logs" / f"workers{workers}" / schema.SUMMARY_JSON
+        summary = json.loads(summary_path.read_text())
+        assert summary["setup"]["num_workers"] == workers
+    output = tmp_path / "comparisons" / "w0_vs_w2"
     result = run(
-        traceml("compare", tmp_path / "logs" / "workers0", tmp_path / "logs" / "workers2"),
+        traceml(
+            "compare", tmp_path / "logs" / "workers0", tmp_path / "logs" / "workers2",
+            "--output", output,
+        ),
         clean_env(),
         tmp_path,
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    # The files say what the terminal said; each phase row is there, and a phase is named as
+    # moved exactly when its change is significant.
+    assert (tmp_path / "comparisons" / "w0_vs_w2.txt").read_text() == result.stdout
+    data = json.loads((tmp_path / "comparisons" / "w0_vs_w2.json").read_text())
+    assert data["changes"] == ["DataLoader workers: 0 -> 2"]
+    for label in ("Input Wait", "Forward", "Backward", "Optimizer", "Residual", "Step"):
+        assert f"  {label}" in result.stdout
+    for fieldname in schema.PHASES:
+        entry = data["fields"][fieldname]
+        assert (entry["label"] in data["phases_that_moved"]) == bool(entry.get("significant"))
     row = next(line for line in result.stdout.splitlines() if line.startswith("  Input Wait"))
     # The promised answer: Input Wait fell, a real change the Phases line names.
     assert row.endswith("faster"), result.stdout

@@ -174,36 +174,6 @@ def run_example(tmp_path, name, *args, nproc=1):
     return result, leftover
 
 
-def test_demo_runs_under_traceml_and_compare_names_what_moved(tmp_path):
-    runs = {}
-    for workers in (0, 2):
-        result, leftover = run_example(tmp_path, f"w{workers}", "--num-workers", str(workers))
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert leftover == []  # the temporary dataset is gone
-        assert "Verdict:" in result.stdout
-        assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
-        summary = json.loads((tmp_path / "logs" / f"w{workers}" / "final_summary.json").read_text())
-        # 32 demo images, batch 2: one record per optimizer update.
-        assert summary["steps_recorded"] == 16
-        assert summary["setup"]["num_workers"] == workers
-        runs[workers] = tmp_path / "logs" / f"w{workers}" / "final_summary.json"
-
-    output = tmp_path / "comparisons" / "w0_vs_w2"
-    result = run(traceml("compare", runs[0], runs[2], "--output", output), clean_env(), tmp_path)
-    assert result.returncode == 0, result.stderr
-    text = (tmp_path / "comparisons" / "w0_vs_w2.txt").read_text()
-    data = json.loads((tmp_path / "comparisons" / "w0_vs_w2.json").read_text())
-    assert text == result.stdout
-    assert data["verdict"] in ("IMPROVEMENT", "REGRESSION", "EQUIVALENT", "MIXED", "INCONCLUSIVE")
-    assert data["changes"] == ["DataLoader workers: 0 -> 2"]
-    assert "Phases that moved:" in text
-    for label in ("Input Wait", "Forward", "Backward", "Optimizer", "Residual", "Step"):
-        assert f"  {label}" in text
-    for fieldname in schema.PHASES:
-        entry = data["fields"][fieldname]
-        assert (entry["label"] in data["phases_that_moved"]) == bool(entry.get("significant"))
-
-
 def test_demo_with_two_ranks(tmp_path):
     result, leftover = run_example(tmp_path, "ddp", nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
