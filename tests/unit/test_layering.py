@@ -61,3 +61,12 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 def test_no_import_cycles():
     graph = grimp.build_graph("traceml")
     assert _cycles(graph) == []
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import code_shape
+    finally:
+        sys.path.pop(0)
+    assert code_shape.violations(max_module=400, max_function=60) == []

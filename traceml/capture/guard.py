@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import _thread
 import functools
-import time
 
 from traceml import console
+from traceml.capture.clock import clock_ns
 
 # typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
 TYPE_CHECKING = False
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-clock_ns = time.perf_counter_ns
 
 # name -> one line saying what calls it.
 ENTRY_POINTS: dict[str, str] = {}

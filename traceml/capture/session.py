@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from traceml import console, schema
+from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import Lifecycle, State
 from traceml.capture.recorder import RankRecorder, build_header
 from traceml.capture.session_parts import (
@@ -35,7 +36,6 @@ from traceml.capture.session_parts import (
 )
 from traceml.settings import Settings
 
-clock_ns = time.perf_counter_ns
 RSS_EVERY_NS = 10_000_000
 
 

@@ -12,10 +12,9 @@ from typing import Any
 
 from traceml import console, schema
 from traceml.capture import step_clock
+from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import State
 from traceml.capture.recorder import RankRecorder
-
-clock_ns = time.perf_counter_ns
 
 
 def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: str | None) -> bool:

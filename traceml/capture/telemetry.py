@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traceml import console, schema
+from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 
 SAMPLE_INTERVAL_S = 1.0
@@ -35,7 +36,6 @@ MAX_FAILURES = 3
 # hour) keeps only the most recent ones.
 QUEUE_LENGTH = 600
 
-clock_ns = time.perf_counter_ns
 
 
 def _proc_children() -> list[int] | None:

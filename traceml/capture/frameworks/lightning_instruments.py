@@ -13,10 +13,9 @@ Everything installed is removed by :meth:`Instruments.remove`.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-clock_ns = time.perf_counter_ns
+from traceml.capture.clock import clock_ns
 
 _timed_fetchers: dict[type, type] = {}
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from typing import Any
 
 from traceml import schema
 from traceml.capture import claim
+from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import State
 from traceml.capture.session import Session
@@ -42,7 +42,6 @@ from traceml.settings import Settings
 
 from .torch_loop_hooks import LoopHooks
 
-clock_ns = time.perf_counter_ns
 # Trained through a Lightning callback (RF-DETR builds a pytorch_lightning Trainer).
 _LIGHTNING = ("lightning.pytorch", "pytorch_lightning", "rfdetr")
 NOTE_H2D = (

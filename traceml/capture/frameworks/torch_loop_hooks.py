@@ -14,11 +14,10 @@ before and after goes through the capture's guarded entry points. Everything is 
 from __future__ import annotations
 
 import functools
-import time
 import weakref
 from typing import Any
 
-clock_ns = time.perf_counter_ns
+from traceml.capture.clock import clock_ns
 
 
 class LoopHooks:

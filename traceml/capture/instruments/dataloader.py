@@ -39,9 +39,9 @@ and never reaches the batch. In the main process the doors (``dataloader.iterato
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
+from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.instruments import input_counters
 from traceml.capture.instruments.input_counters import MAX_WORKERS, ProcessCounters
@@ -51,8 +51,6 @@ from traceml.capture.instruments.input_record import (
     start_method,
     unsupported_reason,
 )
-
-clock_ns = time.perf_counter_ns
 
 # The timing of the traced DataLoader (one per process); forked workers inherit it.
 _active: InputTiming | None = None

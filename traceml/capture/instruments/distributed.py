@@ -35,15 +35,13 @@ from __future__ import annotations
 
 import _thread
 import functools
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.instruments.ddp_buckets import BucketTiming
-
-clock_ns = time.perf_counter_ns
 
 # torch.distributed functions where a rank can wait for the others.
 COLLECTIVES: tuple[str, ...] = (
