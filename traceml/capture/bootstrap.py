@@ -122,6 +122,8 @@ def _deferred(target: str):
     module_name, _, function_name = target.partition(":")
 
     def hook(module):
+        if _state.settings is None:
+            return  # tracing was switched off (an earlier door failed): leave the library be
         import importlib
 
         handler = getattr(importlib.import_module(module_name), function_name)

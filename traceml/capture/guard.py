@@ -123,8 +123,9 @@ def entry_point(name: str, what: str, *, default: Any = None, owner_arg: int = 0
     return decorate
 
 
-def failed(owner: Any, name: str, exc: BaseException) -> None:
-    """Route a failure inside entry point ``name`` to its owner (or warn, if it has none)."""
+def failed(owner: Any, name: str, exc: BaseException, key: str | None = None) -> None:
+    """Route a failure inside entry point ``name`` to its owner (or warn, if it has none;
+    once per ``key``, default the name)."""
     handler = getattr(owner, "_entry_failed", None)
     if handler is not None:
         try:
@@ -145,7 +146,7 @@ def failed(owner: Any, name: str, exc: BaseException) -> None:
         console.warn(
             f"tracing disabled: {name} failed ({type(exc).__name__}: {exc}); "
             "training continues untraced",
-            key="guard:" + name,
+            key="guard:" + (key or name),
             all_ranks=True,
         )
     except Exception:
@@ -168,5 +169,7 @@ def guarded_call(name: str, piece: str, function: Callable, *args: Any) -> Any:
             raise InjectedFault(f"fault injected into {name}")
         return function(*args)
     except Exception as exc:
-        failed(None, piece, exc)
+        # One warning per entry point: after the first failure tracing is off, and the
+        # same door failing for the next watched module says nothing new.
+        failed(None, piece, exc, key=name)
         return None

@@ -63,6 +63,8 @@ def node_partial_in_child(settings: Any, node: int) -> None:
 
 
 def _run_child(command: list[str], failure: str) -> None:
+    """Run ``command`` (stdout on this terminal), wait; one warning line when it fails, with
+    the child's own one-line error in it (never two lines for one failure)."""
     env = dict(os.environ)
     env["TRACEML"] = "0"  # the child only reads files: the report itself is not traced
     for stream in (sys.stdout, sys.stderr):
@@ -70,6 +72,15 @@ def _run_child(command: list[str], failure: str) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    completed = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, check=False)
-    if completed.returncode != 0:
-        console.warn(f"{failure} exited {completed.returncode})")
+    completed = subprocess.run(
+        command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        check=False,
+    )  # fmt: skip
+    if completed.returncode == 0:
+        if completed.stderr:
+            sys.stderr.write(completed.stderr)
+            sys.stderr.flush()
+        return
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    reason = lines[-1].removeprefix("traceml: error: ") if lines else "no message"
+    console.warn(f"{failure} exited {completed.returncode}: {reason})")
