@@ -34,6 +34,7 @@ from traceml.capture.session_parts import (
     Undo,
     describe_device,
 )
+from traceml.capture.undo import undo_all
 from traceml.settings import Settings
 
 RSS_EVERY_NS = 10_000_000
@@ -391,9 +392,4 @@ class Session:
 
     def remove_instruments(self) -> None:
         """Take everything installed away (idempotent; each undo runs even if one fails)."""
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception:
-                pass
+        undo_all(self._undo)

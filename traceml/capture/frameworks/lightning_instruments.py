@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceml.capture.clock import clock_ns
+from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
 
@@ -131,9 +132,4 @@ class Instruments:
                 restore()
             except Exception:
                 pass
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception:
-                pass
+        undo_all(self._undo)

@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from traceml.capture.clock import clock_ns
+from traceml.capture.undo import undo_all
 
 
 class LoopHooks:
@@ -180,9 +181,4 @@ class LoopHooks:
                 pass
         self._depth = 0
         self._outer_timed = False
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception:
-                pass
+        undo_all(self._undo)

@@ -51,6 +51,7 @@ from traceml.capture.instruments.input_record import (
     start_method,
     unsupported_reason,
 )
+from traceml.capture.undo import undo_all
 
 # The timing of the traced DataLoader (one per process); forked workers inherit it.
 _active: InputTiming | None = None
@@ -251,11 +252,7 @@ class InputTiming:
         """Undo every change (idempotent); the map stays readable for a last collect."""
         global _active
         self.on = False
-        while self._undo:
-            try:
-                self._undo.pop()()
-            except Exception:
-                pass
+        undo_all(self._undo)
         if _active is self:
             _active = None
 

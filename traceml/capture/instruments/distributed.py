@@ -42,6 +42,7 @@ from typing import Any
 from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.instruments.ddp_buckets import BucketTiming
+from traceml.capture.undo import undo_all
 
 # torch.distributed functions where a rank can wait for the others.
 COLLECTIVES: tuple[str, ...] = (
@@ -177,12 +178,7 @@ class CommTimer(BucketTiming):
         """Stop timing and put the collectives back. A DDP hook cannot be unregistered: it
         stays and passes straight through to the hook it wraps."""
         self.active = False
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception:
-                pass
+        undo_all(self._undo)
         self._launched.clear()
 
     # -- collectives -----------------------------------------------------------------------
