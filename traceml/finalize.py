@@ -128,15 +128,20 @@ def _has_footer(path: Path) -> bool:
     return b'"kind":"footer"' in last
 
 
+def rank_header(path: Path) -> dict[str, Any] | None:
+    """A rank file's first line as a dict, or None when unreadable or not an object."""
+    try:
+        with open(path, "rb") as handle:
+            header = orjson.loads(handle.readline())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
 def expected_world_size(run_dir: Path) -> int | None:
     for path in list_rank_files(run_dir).values():
-        try:
-            with open(path, "rb") as handle:
-                first = handle.readline()
-            header = orjson.loads(first)
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        if isinstance(header, dict) and isinstance(header.get(schema.WORLD_SIZE), int):
+        header = rank_header(path)
+        if header is not None and isinstance(header.get(schema.WORLD_SIZE), int):
             return header[schema.WORLD_SIZE]
     return None
 

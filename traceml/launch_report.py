@@ -10,12 +10,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from traceml import schema
 from traceml.analysis.reduce import list_rank_files
 from traceml.errors import OutputError, ReduceError
-from traceml.finalize import reduce_node, summarise, summarise_nodes, wait_for_ranks
+from traceml.finalize import (
+    rank_header,
+    reduce_node,
+    summarise,
+    summarise_nodes,
+    wait_for_ranks,
+)
 from traceml.settings import Settings
 
 # On one node the whole process group has exited: every rank file is final already.
@@ -114,16 +118,11 @@ def this_node_run_dir(settings: Settings, node: int, launched_at: float) -> Path
 
 def _node_ranks(run_dir: Path, node: int) -> list[int]:
     """The ranks of ``run_dir`` whose header says they ran on node ``node``."""
-    found = []
-    for rank, path in list_rank_files(run_dir).items():
-        try:
-            with open(path, "rb") as handle:
-                header = orjson.loads(handle.readline())
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        if isinstance(header, dict) and header.get(schema.NODE_RANK) == node:
-            found.append(rank)
-    return found
+    return [
+        rank
+        for rank, path in list_rank_files(run_dir).items()
+        if (rank_header(path) or {}).get(schema.NODE_RANK) == node
+    ]
 
 
 def _ending_notes(received: int | None, exit_code: int) -> list[str]:
