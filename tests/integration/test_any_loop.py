@@ -94,10 +94,22 @@ def test_a_hand_written_loop_is_traced_phase_by_phase(tmp_path, accelerate):
         LOOP_STEPS=6,
         LOOP_ACCUM=2,
         LOOP_VALIDATE_EVERY=2,
+        LOOP_ROUND_TRIP=1,
         **costs("LOOP", *LOOP_MS),
         **extra,
     )
     assert "LOOP_RESULT steps=6" in stdout
+    if not accelerate:
+        # pickle / deepcopy / torch.save of the model between steps, with traceml's hooks on
+        # it: the copies are what they would be untraced (issue 20).
+        line = next(x for x in stdout.splitlines() if x.startswith("LOOP_ROUND_TRIP "))
+        assert json.loads(line.split(" ", 1)[1]) == {
+            "traceml_in_pickle": False,
+            "traceml_in_save": False,
+            "copies_hooks": [0, 0, 0],
+            "copies_dict_keys_match": [True, True, True],
+            "copies_types": ["Net", "Net", "Net"],
+        }
     steps = assert_complete(records, 6, "torch")
     assert_phases(steps, injected(*LOOP_MS))
     # Validation: 2 batches of 4 samples (5 ms each) and 2 forwards (25 ms) = 90 ms.

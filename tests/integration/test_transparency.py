@@ -96,14 +96,7 @@ TABLE: dict[str, tuple[str, list[str]]] = {
 }
 GROUPS = ("main", "gan", "resume", "ddp", "rfdetr")
 # Known gaps, each a strict xfail (it fails the suite once fixed, so the mark comes off).
-# Lightning gives every callback ``log``/``log_dict`` bound to the LightningModule during fit,
-# so both pickle the module, which carries traceml's forward hooks until the fit ends
-# (capture/frameworks/lightning_instruments.py registers them on the user's module).
-KNOWN_GAPS = {
-    "pickle / deepcopy / torch.save of the model and the user's callback inside training_step": (
-        "traceml's forward hooks sit on the user's module during fit"
-    ),
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def has_rfdetr() -> bool:
@@ -247,8 +240,9 @@ def test_the_user_comm_hook_is_the_one_that_runs(runs):
     assert outcome["async.isinstance_work@rank0"] is True
 
 
-def test_the_documented_table_is_this_one():
-    text = (ROOT / "docs" / "transparency.md").read_text()
+@pytest.mark.parametrize("document", ["docs/transparency.md", "README.md"])
+def test_the_documented_table_is_this_one(document):
+    text = (ROOT / document).read_text()
     rows = re.findall(r"^\| (.+?) \| ", text, flags=re.MULTILINE)
     documented = [row for row in rows if row not in ("What the script does", "---")]
     assert documented == list(TABLE)

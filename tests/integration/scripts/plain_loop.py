@@ -85,6 +85,34 @@ def print_weights(model: nn.Module, stepped: int) -> None:
     print(f"TINY_WEIGHTS global_step={stepped} sha256={digest.hexdigest()}", flush=True)
 
 
+def round_trip(model: nn.Module) -> None:
+    """LOOP_ROUND_TRIP=1: pickle, deepcopy and torch.save the model between two steps (after
+    the first optimizer step, when the any-loop capture has its hooks on the root module)."""
+    import copy
+    import io
+    import json
+    import pickle
+
+    pickled = pickle.dumps(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    copies = [
+        pickle.loads(pickled),
+        copy.deepcopy(model),
+        torch.load(io.BytesIO(buffer.getvalue()), weights_only=False),
+    ]
+    outcome = {
+        "traceml_in_pickle": b"traceml" in pickled,
+        "traceml_in_save": b"traceml" in buffer.getvalue(),
+        "copies_hooks": [len(c._forward_hooks) + len(c._forward_pre_hooks) for c in copies],
+        "copies_dict_keys_match": [
+            sorted(vars(c)) == sorted(k for k in vars(model) if k != "__getstate__") for c in copies
+        ],
+        "copies_types": [type(c).__qualname__ for c in copies],
+    }
+    print(f"LOOP_ROUND_TRIP {json.dumps(outcome, sort_keys=True)}", flush=True)
+
+
 def validate(model: nn.Module, loader: DataLoader) -> None:
     model.eval()
     with torch.no_grad():
@@ -136,6 +164,8 @@ def main() -> int:
                 optimizer.step()
             optimizer.zero_grad()
             stepped += 1
+            if stepped == 2 and os.environ.get("LOOP_ROUND_TRIP"):
+                round_trip(model)
             if validate_every and stepped % validate_every == 0:
                 validate(model, val_loader)
     print(f"LOOP_RESULT steps={stepped}", flush=True)

@@ -3,7 +3,8 @@
 * Input Wait: the training loop's data fetcher gets a timing subclass of its own class (per
   instance, through ``__class__``), so validation fetchers and other trainers are untouched.
 * H2D: ``strategy.batch_to_device`` is wrapped on this strategy instance only.
-* Forward: forward pre/post hooks on the model's inner network.
+* Forward: forward pre/post hooks on the model's inner network, which pickling, deepcopy and
+  ``torch.save`` of the model do not carry (traceml.capture.forward_hooks).
 
 Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
 before and after it goes through the observer's guarded entry points (traceml.capture.guard), so a
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceml.capture.clock import clock_ns
+from traceml.capture.forward_hooks import add_forward_hooks
 from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
@@ -79,11 +81,9 @@ class Instruments:
         module = forward_module(pl_module)
         if module is not None:
             observer = self.observer
-            handles = [
-                module.register_forward_pre_hook(observer.forward_pre_hook),
-                module.register_forward_hook(observer.forward_post_hook),
-            ]
-            self._undo.append(lambda: [handle.remove() for handle in handles])
+            self._undo.append(
+                add_forward_hooks(module, observer.forward_pre_hook, observer.forward_post_hook)
+            )
 
     def instrument_fetcher(self, fetcher: Any) -> None:
         """Input Wait: the one training fetcher gets a timing subclass of its own class (also

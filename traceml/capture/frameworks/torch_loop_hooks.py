@@ -1,7 +1,8 @@
 """What the any-loop capture installs in torch, and how it takes it away again.
 
 * module forward hooks: global (``register_module_forward_pre_hook``: every module call) until
-  the first optimizer step, then on the root modules found by then only;
+  the first optimizer step, then on the root modules found by then only (hooks that pickling
+  and ``torch.save`` of the model do not carry: traceml.capture.forward_hooks);
 * ``torch.optim``'s global optimizer step pre/post hooks;
 * ``torch.autograd.backward`` (``Tensor.backward`` calls it through the module attribute);
 * ``_BaseDataLoaderIter.__next__`` (every torch DataLoader iterator).
@@ -18,6 +19,7 @@ import weakref
 from typing import Any
 
 from traceml.capture.clock import clock_ns
+from traceml.capture.forward_hooks import add_forward_hooks
 from traceml.capture.undo import undo_all
 
 
@@ -55,7 +57,7 @@ class LoopHooks:
         if depth == 0:
             timed = self.capture.forward_started(module)
             self._outer_timed = bool(timed)
-            if timed and self._forward_handles and len(self._forward_handles) == 2:
+            if timed and self._forward_handles:  # still global: remember the root
                 self.roots.add(module)
 
     def _post(self, _module: Any, _args: Any, _output: Any) -> None:
@@ -66,15 +68,14 @@ class LoopHooks:
 
     def roots_found(self) -> None:
         """After the first optimizer step: hooks on the roots only (no per-module cost)."""
-        if len(self._forward_handles) != 2:
+        if not self._forward_handles:
             return
         global_handles, self._forward_handles = self._forward_handles, []
         for handle in global_handles:
             handle.remove()
+        # Hooks that pickle / deepcopy / torch.save of the user's model do not carry.
         for root in list(self.roots):
-            self._forward_handles.append(root.register_forward_pre_hook(self._pre))
-            self._forward_handles.append(root.register_forward_hook(self._post, always_call=True))
-        self._forward_handles.append(None)  # marks "roots only" (len != 2 from here on)
+            self._undo.append(add_forward_hooks(root, self._pre, self._post, always_call=True))
 
     # -- optimizer -------------------------------------------------------------------------
 
@@ -175,8 +176,7 @@ class LoopHooks:
         handles, self._forward_handles = self._forward_handles, []
         for handle in handles:
             try:
-                if handle is not None:
-                    handle.remove()
+                handle.remove()
             except Exception:
                 pass
         self._depth = 0

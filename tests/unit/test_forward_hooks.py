@@ -1,0 +1,128 @@
+"""traceml's forward hooks time the forward and are invisible to pickle, deepcopy and torch.save
+(traceml.capture.forward_hooks; on real training: test_transparency.py, test_any_loop.py)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import io
+import pickle
+import threading
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from traceml.capture.forward_hooks import add_forward_hooks  # noqa: E402
+
+
+class Timer:
+    """Stands for traceml's side: a bound method of an object that must never be pickled."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.lock = threading.Lock()  # unpicklable, as a real session is
+
+    def pre(self, module, args):
+        self.calls.append("pre")
+
+    def post(self, module, args, output):
+        self.calls.append("post")
+
+
+def user_hook(module, args, output):
+    return None
+
+
+def make() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+
+
+def copies(model: torch.nn.Module) -> list[torch.nn.Module]:
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    saved = buffer.getvalue()
+    assert b"traceml" not in saved
+    pickled = pickle.dumps(model)
+    assert b"traceml" not in pickled
+    return [
+        pickle.loads(pickled),
+        copy.deepcopy(model),
+        copy.copy(model),
+        torch.load(io.BytesIO(saved), weights_only=False),
+    ]
+
+
+@pytest.mark.parametrize("always_call", [False, True])
+def test_the_hooks_time_the_forward_and_copies_do_not_carry_them(always_call):
+    model = make()
+    user = model.register_forward_hook(user_hook)
+    untraced = sorted(vars(model))
+    timer = Timer()
+    undo = add_forward_hooks(model, timer.pre, timer.post, always_call=always_call)
+    model(torch.ones(1, 3))
+    assert timer.calls == ["pre", "post"]
+    for twin in copies(model):
+        assert type(twin) is torch.nn.Sequential
+        assert sorted(vars(twin)) == untraced
+        assert list(twin._forward_hooks.values()) == [user_hook]
+        assert not twin._forward_pre_hooks and not twin._forward_hooks_always_called
+        twin(torch.ones(1, 3))
+    assert timer.calls == ["pre", "post"]  # the copies never call traceml
+    undo()
+    assert sorted(vars(model)) == untraced
+    assert list(model._forward_hooks.values()) == [user_hook]
+    model(torch.ones(1, 3))
+    assert timer.calls == ["pre", "post"]
+    user.remove()
+    assert not model._forward_hooks
+
+
+def test_two_traced_trainings_on_one_module_undo_in_any_order():
+    model = make()
+    first, second = Timer(), Timer()
+    undo_first = add_forward_hooks(model, first.pre, first.post)
+    undo_second = add_forward_hooks(model, second.pre, second.post)
+    for twin in copies(model):
+        assert not twin._forward_hooks and "__getstate__" not in vars(twin)
+    undo_first()  # not the newest: its getstate stays in the chain, harmlessly
+    for twin in copies(model):
+        assert not twin._forward_hooks and "__getstate__" not in vars(twin)
+    undo_second()
+    model(torch.ones(1, 3))
+    assert first.calls == second.calls == []
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert "__getstate__" not in vars(model)
+
+
+def test_a_users_own_instance_getstate_is_kept():
+    model = make()
+
+    def users_getstate():
+        state = type(model).__getstate__(model)
+        state = dict(state)
+        state["users_mark"] = True
+        return state
+
+    model.__dict__["__getstate__"] = users_getstate
+    timer = Timer()
+    undo = add_forward_hooks(model, timer.pre, timer.post)
+    twin = copy.deepcopy(model)
+    assert twin.users_mark is True and not twin._forward_hooks
+    undo()
+    assert model.__dict__["__getstate__"] is users_getstate
+
+
+def test_the_module_is_freed_as_soon_as_the_user_drops_it():
+    model = make()
+    timer = Timer()
+    add_forward_hooks(model, timer.pre, timer.post)
+    ref = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None  # no reference cycle through the module's own __dict__
+    finally:
+        gc.enable()

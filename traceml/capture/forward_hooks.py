@@ -1,0 +1,93 @@
+"""Forward hooks on the user's module that copying and saving the module do not carry.
+
+A hook added with ``register_forward_hook`` lives in the module's own ``_forward_hooks`` dict, so
+``pickle``, ``copy.deepcopy`` and ``torch.save(model)`` of the module during training would carry
+traceml's hook with it: pickling fails, or the user's checkpoint names traceml. Lightning makes
+this common: every callback's ``log`` is bound to the LightningModule, so pickling a callback
+pickles the module.
+
+While traceml's hooks are on a module, the module gets an instance-level ``__getstate__`` that
+hands the pickler the module's usual state (its class's ``__getstate__``) without traceml's
+entries. ``pickle`` and ``copy`` look ``__getstate__`` up on the instance, so the class and every
+other instance are untouched, and the copy is exactly what it would be untraced. The undo takes
+the hooks and the ``__getstate__`` away again.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+# Module attributes keyed by hook id (torch 2.x): every one a forward hook may leave an entry in.
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+
+
+def add_forward_hooks(
+    module: Any, pre: Callable[..., Any], post: Callable[..., Any], *, always_call: bool = False
+) -> Callable[[], None]:
+    """Register ``pre``/``post`` as forward hooks on ``module``; return their undo."""
+    handles = [module.register_forward_pre_hook(pre)]
+    if always_call:
+        handles.append(module.register_forward_hook(post, always_call=True))
+    else:
+        handles.append(module.register_forward_hook(post))
+    ours = frozenset(handle.id for handle in handles)
+    getstate = _getstate_without(module, ours)
+    module.__dict__["__getstate__"] = getstate
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+        getstate.traceml_active = False
+        if module.__dict__.get("__getstate__") is getstate:
+            previous = getstate.traceml_previous
+            while getattr(previous, "traceml_active", True) is False:  # undone out of order
+                previous = previous.traceml_previous
+            if previous is None:
+                del module.__dict__["__getstate__"]
+            else:
+                module.__dict__["__getstate__"] = previous
+
+    return undo
+
+
+def _getstate_without(module: Any, ours: frozenset[int]) -> Any:
+    # A weak reference: a closure holding the module would keep it alive past the user's last
+    # reference to it (a cycle through its own __dict__).
+    module_ref = weakref.ref(module)
+    previous = module.__dict__.get("__getstate__")  # another traced training's, or the user's
+
+    def __getstate__() -> Any:
+        owner = module_ref()
+        state = previous() if previous is not None else type(owner).__getstate__(owner)
+        if not isinstance(state, dict):
+            return state
+        state = dict(state)
+        untraced = _untraced(state.get("__getstate__"))
+        if untraced is None:
+            state.pop("__getstate__", None)
+        else:
+            state["__getstate__"] = untraced
+        for name in _HOOK_DICTS:
+            hooks = state.get(name)
+            if isinstance(hooks, dict) and not ours.isdisjoint(hooks):
+                state[name] = type(hooks)((k, v) for k, v in hooks.items() if k not in ours)
+        return state
+
+    __getstate__.traceml_previous = previous  # type: ignore[attr-defined]
+    __getstate__.traceml_active = True  # type: ignore[attr-defined]
+    return __getstate__
+
+
+def _untraced(getstate: Any) -> Any:
+    """The instance ``__getstate__`` the module would have untraced (usually none)."""
+    while getstate is not None and hasattr(getstate, "traceml_previous"):
+        getstate = getstate.traceml_previous
+    return getstate
