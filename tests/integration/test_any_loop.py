@@ -178,3 +178,35 @@ def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
     assert evidence["rank"] == 1 and evidence["cause_phase"] == schema.FORWARD, report.stdout
     assert abs(evidence["excess_ms"][schema.FORWARD] - 40.0) <= 5.0, report.stdout
     shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_ddp_hugging_face_trainer_names_the_straggler_and_its_phase(tmp_path):
+    """The Trainer under torchrun trains with DDP on gloo: every rank traced, waits timed, the
+    slow rank and its phase named (issue 22's "HF under DDP")."""
+    env = traced_env(
+        tmp_path / "logs",
+        "hfddp",
+        HF_HUB_OFFLINE="1",
+        HF_STEPS=16,
+        HF_FORWARD_MS=20,
+        HF_SLOW_RANK=1,
+        HF_SLOW_FORWARD_MS=40,
+    )
+    result = run(
+        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", HF], env, tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = tmp_path / "logs" / "hfddp"
+    for rank in (0, 1):
+        records = rank_records(run_dir, rank)
+        assert records[0][schema.INTEGRATION] == "hf_trainer"
+        steps = steps_of(records)
+        assert len(steps) == 16
+        assert all(s.get(schema.COMM) is not None for s in steps)  # waits timed on every step
+    report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), tmp_path)
+    assert report.returncode == 0, report.stderr
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    straggler = next(v for v in summary["verdicts"] if v["kind"] == "STRAGGLER")
+    evidence = straggler["evidence"]
+    assert evidence["rank"] == 1 and evidence["cause_phase"] == schema.FORWARD, report.stdout
+    assert abs(evidence["excess_ms"][schema.FORWARD] - 40.0) <= 5.0, report.stdout

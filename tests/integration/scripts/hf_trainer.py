@@ -62,6 +62,8 @@ class SlowBert(BertForSequenceClassification):
         if SlowBert.calls == int(os.environ.get("HF_RAISE_AT", 0)):
             raise RuntimeError(f"hf_trainer: failing on purpose at batch {SlowBert.calls}")
         time.sleep(env_ms("HF_FORWARD_MS"))
+        if os.environ.get("RANK") == os.environ.get("HF_SLOW_RANK", "-"):
+            time.sleep(env_ms("HF_SLOW_FORWARD_MS"))
         output = super().forward(*args, **kwargs)
         if output.loss is not None and self.training:
             output.loss = SlowBackward.apply(output.loss)
