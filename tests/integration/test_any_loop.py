@@ -76,6 +76,19 @@ def assert_complete(records: list[dict], expected_steps: int, integration: str) 
     return steps
 
 
+def assert_round_trip_as_untraced(stdout: str, model_class: str) -> None:
+    """pickle / deepcopy / torch.save of the model between steps, with traceml's forward hooks
+    on it: the copies are what they would be untraced (issue 20; scripts/plain_loop.py)."""
+    line = next(x for x in stdout.splitlines() if x.startswith("LOOP_ROUND_TRIP "))
+    assert json.loads(line.split(" ", 1)[1]) == {
+        "traceml_in_pickle": False,
+        "traceml_in_save": False,
+        "copies_hooks": [0, 0, 0],
+        "copies_dict_keys_match": [True, True, True],
+        "copies_types": [model_class],
+    }
+
+
 def assert_validation_outside_steps(steps: list[dict], every: int, validation_ms: float) -> None:
     """A validation pass after every ``every`` steps: in the next step's gap, not in a step."""
     after = [s for i, s in enumerate(steps) if i and i % every == 0]
@@ -100,16 +113,7 @@ def test_a_hand_written_loop_is_traced_phase_by_phase(tmp_path, accelerate):
     )
     assert "LOOP_RESULT steps=6" in stdout
     if not accelerate:
-        # pickle / deepcopy / torch.save of the model between steps, with traceml's hooks on
-        # it: the copies are what they would be untraced (issue 20).
-        line = next(x for x in stdout.splitlines() if x.startswith("LOOP_ROUND_TRIP "))
-        assert json.loads(line.split(" ", 1)[1]) == {
-            "traceml_in_pickle": False,
-            "traceml_in_save": False,
-            "copies_hooks": [0, 0, 0],
-            "copies_dict_keys_match": [True, True, True],
-            "copies_types": ["Net", "Net", "Net"],
-        }
+        assert_round_trip_as_untraced(stdout, "Net")
     steps = assert_complete(records, 6, "torch")
     assert_phases(steps, injected(*LOOP_MS))
     # Validation: 2 batches of 4 samples (5 ms each) and 2 forwards (25 ms) = 90 ms.
@@ -118,9 +122,17 @@ def test_a_hand_written_loop_is_traced_phase_by_phase(tmp_path, accelerate):
 
 def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):
     records, stdout = traced_run(
-        tmp_path, HF, "hf", HF_STEPS=6, HF_ACCUM=2, HF_EVAL_STEPS=2, **costs("HF", *HF_MS)
+        tmp_path,
+        HF,
+        "hf",
+        HF_STEPS=6,
+        HF_ACCUM=2,
+        HF_EVAL_STEPS=2,
+        HF_ROUND_TRIP=1,
+        **costs("HF", *HF_MS),
     )
     assert "HF_RESULT global_step=6" in stdout
+    assert_round_trip_as_untraced(stdout, "SlowBert")
     steps = assert_complete(records, 6, "hf_trainer")
     assert [s[schema.GLOBAL_STEP] for s in steps] == [1, 2, 3, 4, 5, 6]
     # Accelerate's loader fetches one batch ahead: a step's Input Wait may hold its

@@ -17,7 +17,13 @@ import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 
 def env_ms(name: str) -> float:
@@ -76,6 +82,17 @@ class SlowSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+class RoundTrip(TrainerCallback):
+    """HF_ROUND_TRIP=1: the user's callback pickles, deep-copies and torch.saves the model
+    after the second step (as an EMA or checkpointing callback would)."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 2:
+            from plain_loop import round_trip  # the same checks as the hand-written loop's
+
+            round_trip(model)
+
+
 def print_weights(model: torch.nn.Module, global_step: int) -> None:
     """The fault-injection suite compares these with an untraced run's, bit for bit."""
     import hashlib
@@ -128,6 +145,7 @@ def main() -> int:
             train_dataset=Texts(steps * accum * 4),
             eval_dataset=Texts(8),
             optimizers=(optimizer, None),
+            callbacks=[RoundTrip()] if os.environ.get("HF_ROUND_TRIP") else None,
         )
         try:
             trainer.train()

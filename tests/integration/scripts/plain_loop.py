@@ -108,7 +108,7 @@ def round_trip(model: nn.Module) -> None:
         "copies_dict_keys_match": [
             sorted(vars(c)) == sorted(k for k in vars(model) if k != "__getstate__") for c in copies
         ],
-        "copies_types": [type(c).__qualname__ for c in copies],
+        "copies_types": sorted({type(c).__qualname__ for c in copies}),
     }
     print(f"LOOP_ROUND_TRIP {json.dumps(outcome, sort_keys=True)}", flush=True)
 
