@@ -126,3 +126,20 @@ def test_the_module_is_freed_as_soon_as_the_user_drops_it():
         assert ref() is None  # no reference cycle through the module's own __dict__
     finally:
         gc.enable()
+
+
+class Refuses(torch.nn.Linear):
+    """A user module that refuses to be pickled, with its own error."""
+
+    def __getstate__(self):
+        raise TypeError("this model is not for pickling")
+
+
+def test_the_users_own_pickling_error_reaches_the_user_unchanged():
+    model = Refuses(2, 2)
+    timer = Timer()
+    undo = add_forward_hooks(model, timer.pre, timer.post)
+    with pytest.raises(TypeError, match="this model is not for pickling"):
+        pickle.dumps(model)
+    undo()
+    assert "__getstate__" not in vars(model)

@@ -66,24 +66,33 @@ def _getstate_without(module: Any, ours: frozenset[int]) -> Any:
 
     def __getstate__() -> Any:
         owner = module_ref()
+        # The user's (or the class's) own state first: what it raises reaches the user as is.
         state = previous() if previous is not None else type(owner).__getstate__(owner)
-        if not isinstance(state, dict):
+        try:
+            return _without_traceml(state, ours)
+        except Exception:  # never make pickling fail where it would not have untraced
             return state
-        state = dict(state)
-        untraced = _untraced(state.get("__getstate__"))
-        if untraced is None:
-            state.pop("__getstate__", None)
-        else:
-            state["__getstate__"] = untraced
-        for name in _HOOK_DICTS:
-            hooks = state.get(name)
-            if isinstance(hooks, dict) and not ours.isdisjoint(hooks):
-                state[name] = type(hooks)((k, v) for k, v in hooks.items() if k not in ours)
-        return state
 
     __getstate__.traceml_previous = previous  # type: ignore[attr-defined]
     __getstate__.traceml_active = True  # type: ignore[attr-defined]
     return __getstate__
+
+
+def _without_traceml(state: Any, ours: frozenset[int]) -> Any:
+    """``state`` as it would be untraced: no traceml hook entries, no traceml ``__getstate__``."""
+    if not isinstance(state, dict):
+        return state
+    state = dict(state)
+    untraced = _untraced(state.get("__getstate__"))
+    if untraced is None:
+        state.pop("__getstate__", None)
+    else:
+        state["__getstate__"] = untraced
+    for name in _HOOK_DICTS:
+        hooks = state.get(name)
+        if isinstance(hooks, dict) and not ours.isdisjoint(hooks):
+            state[name] = type(hooks)((k, v) for k, v in hooks.items() if k not in ours)
+    return state
 
 
 def _untraced(getstate: Any) -> Any:
