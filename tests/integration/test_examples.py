@@ -28,11 +28,10 @@ def primary_verdict(run_dir) -> str:
     return summary[schema.SUMMARY_VERDICTS][0][schema.VERDICT_KIND]
 
 
-def test_compare_example_shows_what_more_workers_changed(tmp_path):
-    # docs/compare.md: workers0 vs workers2 reading from "slow storage" (40 ms a read), 2 epochs
-    # each, then compare. On two busy cores more workers cannot speed up decoding (they compete
-    # with training for the cores: measured, Input Wait 11.0 -> 11.4 ms without the latency);
-    # they do hide waiting, which is what the example shows.
+def run_compare_example(tmp_path):
+    """docs/compare.md's example: the two runs and their compare; returns (the compare's
+    result, its Input Wait row)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for workers in (0, 2):
         result = run(
             traceml(
@@ -74,6 +73,20 @@ def test_compare_example_shows_what_more_workers_changed(tmp_path):
         entry = data["fields"][fieldname]
         assert (entry["label"] in data["phases_that_moved"]) == bool(entry.get("significant"))
     row = next(line for line in result.stdout.splitlines() if line.startswith("  Input Wait"))
+    return result, row
+
+
+def test_compare_example_shows_what_more_workers_changed(tmp_path):
+    # docs/compare.md: workers0 vs workers2 reading from "slow storage" (40 ms a read), 2 epochs
+    # each, then compare. On two busy cores more workers cannot speed up decoding (they compete
+    # with training for the cores: measured, Input Wait 11.0 -> 11.4 ms without the latency);
+    # they do hide waiting, which is what the example shows.
+    result, row = run_compare_example(tmp_path / "first")
+    if "hidden:" in row:
+        # compare itself says the machine moved too much to tell (seen once in
+        # CI: every phase +48% in one run, drift 40%): that is compare being honest, not the
+        # example failing. Measure once more; the second pair must give the answer.
+        result, row = run_compare_example(tmp_path / "again")
     # The promised answer: Input Wait fell, a real change the Phases line names.
     assert row.endswith("faster"), result.stdout
     moved = next(x for x in result.stdout.splitlines() if x.startswith("Phases that moved: "))
