@@ -179,18 +179,28 @@ def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "logs" / "ddp"
+    assert_rank_1_is_the_forward_straggler(run_dir, tmp_path, steps=24, integration="torch")
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def assert_rank_1_is_the_forward_straggler(
+    run_dir, cwd, steps: int, integration: str, excess_ms: float = 40.0
+) -> None:
+    """Both ranks traced with their waits on every step, and the report names rank 1 as the
+    straggler with Forward as its cause and its injected excess within 5 ms."""
     for rank in (0, 1):
-        steps = steps_of(rank_records(run_dir, rank))
-        assert len(steps) == 24
-        assert all(s.get(schema.COMM) is not None for s in steps)  # waits timed on every step
-    report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), tmp_path)
+        records = rank_records(run_dir, rank)
+        assert records[0][schema.INTEGRATION] == integration
+        rank_steps = steps_of(records)
+        assert len(rank_steps) == steps
+        assert all(s.get(schema.COMM) is not None for s in rank_steps)  # waits on every step
+    report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), cwd)
     assert report.returncode == 0, report.stderr
     summary = json.loads((run_dir / "final_summary.json").read_text())
     straggler = next(v for v in summary["verdicts"] if v["kind"] == "STRAGGLER")
     evidence = straggler["evidence"]
     assert evidence["rank"] == 1 and evidence["cause_phase"] == schema.FORWARD, report.stdout
-    assert abs(evidence["excess_ms"][schema.FORWARD] - 40.0) <= 5.0, report.stdout
-    shutil.rmtree(run_dir, ignore_errors=True)
+    assert abs(evidence["excess_ms"][schema.FORWARD] - excess_ms) <= 5.0, report.stdout
 
 
 def test_a_ddp_hugging_face_trainer_names_the_straggler_and_its_phase(tmp_path):
@@ -210,16 +220,4 @@ def test_a_ddp_hugging_face_trainer_names_the_straggler_and_its_phase(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "logs" / "hfddp"
-    for rank in (0, 1):
-        records = rank_records(run_dir, rank)
-        assert records[0][schema.INTEGRATION] == "hf_trainer"
-        steps = steps_of(records)
-        assert len(steps) == 16
-        assert all(s.get(schema.COMM) is not None for s in steps)  # waits timed on every step
-    report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), tmp_path)
-    assert report.returncode == 0, report.stderr
-    summary = json.loads((run_dir / "final_summary.json").read_text())
-    straggler = next(v for v in summary["verdicts"] if v["kind"] == "STRAGGLER")
-    evidence = straggler["evidence"]
-    assert evidence["rank"] == 1 and evidence["cause_phase"] == schema.FORWARD, report.stdout
-    assert abs(evidence["excess_ms"][schema.FORWARD] - 40.0) <= 5.0, report.stdout
+    assert_rank_1_is_the_forward_straggler(run_dir, tmp_path, steps=16, integration="hf_trainer")

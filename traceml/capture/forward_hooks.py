@@ -36,7 +36,7 @@ def add_forward_hooks(
     handles = [module.register_forward_pre_hook(pre)]
     if always_call:
         handles.append(module.register_forward_hook(post, always_call=True))
-    else:
+    else:  # no keyword: torch before 2.1 has no always_call
         handles.append(module.register_forward_hook(post))
     ours = frozenset(handle.id for handle in handles)
     getstate = _getstate_without(module, ours)
