@@ -28,8 +28,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import orjson
 from _common import PYTHON, RFDETR, TINY, alternate, clean_env, describe, paired_ratio, run, values
+
+from traceml.analysis.rankfile import read_records
 
 HERE = Path(__file__).resolve().parent
 DOORS = ("guard", "write", "record", "telemetry", "input", "forward", "transfer")
@@ -114,8 +115,10 @@ def own_cost_us(logs: Path, runs: str = "*") -> float:
     for path in logs.glob(f"{runs}/ranks/rank_*.jsonl"):
         costs = [
             record["traceml_us"]
-            for record in map(orjson.loads, path.read_bytes().splitlines())
-            if record.get("kind") == "step" and record.get("traceml_us") is not None
+            for record in read_records(path)  # step fields by name, whatever the rank schema
+            if record is not None
+            and record.get("kind") == "step"
+            and record.get("traceml_us") is not None
         ]
         if costs:
             medians.append(statistics.median(costs))

@@ -1,11 +1,12 @@
 """benchmarks/reduce.py --nodes: per-node partial reductions and their merge, timed apart.
 
-One node's rank files are synthesised (compact records as traceml writes them since rank
-schema 1.3: measured fields only, whole microseconds); the other nodes get copies of them
-with their own headers (the work is the same whatever the numbers). Each node is reduced in a
-fresh process (``python -m traceml.finalize node-partial``); the merge (``finalize.summarise``
-with every partial present: load, add up, diagnose, render, write) in another, at a quarter,
-half and all of the nodes (hard links to the same rank files, so the partials stay valid).
+One node's rank files are synthesised (compact records as traceml writes them: measured fields
+only, whole microseconds, short keys as rank schema 2.0 spells them); the other nodes get
+copies of them with their own headers (the work is the same whatever the numbers). Each node
+is reduced in a fresh process (``python -m traceml.finalize node-partial``); the merge
+(``finalize.summarise`` with every partial present: load, add up, diagnose, render, write) in
+another, at a quarter, half and all of the nodes (hard links to the same rank files, so the
+partials stay valid).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import orjson
 from _common import PYTHON, ROOT, clean_env, synthetic_step, values
 
 from traceml import schema
+from traceml.step_record import STEP_KEYS
 
 NODE_CHILD = """
 import sys, time
@@ -53,7 +55,7 @@ def compact(record: dict) -> dict:
     for key, value in record.items():
         if value is None or schema.STEP_DEFAULTS.get(key, object()) == value:
             continue
-        out[key] = round(value, 3) if isinstance(value, float) else value
+        out[STEP_KEYS.get(key, key)] = round(value, 3) if isinstance(value, float) else value
     return out
 
 

@@ -6,7 +6,7 @@ Runs the real StepClock (boundary timestamps in, record out) plus the sink's ser
 DDP step (comm timing on), alternating two step_clock modules side by side when ``--before``
 names an older copy of ``traceml/capture/step_clock.py``. The CUDA DDP size is measured on a
 synthetic record: the host fields from the clock plus the device fields CudaStepTimer fills
-in (whole microseconds, zero comm phases left out, as schema 1.3 allows).
+in (whole microseconds, zero comm phases left out, short keys: rank schema 2.0).
 
     python benchmarks/step_record.py [--before /tmp/step_clock_old.py] [--steps 200000]
 """
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from traceml import schema  # noqa: E402
+from traceml.step_record import STEP_KEYS  # noqa: E402
 
 MS = 1_000_000
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -55,13 +56,21 @@ def one_step(clock, t0: int, index: int, comm: bool, timer: list[int] | None = N
     start = time.perf_counter_ns()
     record = clock.batch_ended(t0 + 15_100_999 + j, global_step=index + 1, epoch=0)
     # What the session adds: RSS (on most steps) and traceml's own cost.
-    record[schema.RSS] = 1_234_567_890
-    record[schema.TRACEML_COST_US] = round(41.7 + j / 1000, 1)
+    key = _keys_of(record)
+    record[key(schema.RSS)] = 1_234_567_890
+    record[key(schema.TRACEML_COST_US)] = round(41.7 + j / 1000, 1)
     line = orjson.dumps(record, option=_NEWLINE)
     if timer is not None:
         timer[0] += time.perf_counter_ns() - start
         timer[1] += len(line)
     return record
+
+
+def _keys_of(record: dict):
+    """How ``record``'s writer spells a field: a short key (rank schema 2.0) or its name."""
+    if dict.__contains__(record, schema.STEP):  # an older clock
+        return lambda name: name
+    return lambda name: STEP_KEYS[name]
 
 
 def measure(StepClock, steps: int, comm: bool) -> tuple[float, float]:
@@ -80,17 +89,21 @@ def cuda_ddp_line(StepClock) -> int:
     clock = StepClock(origin_ns=0)
     clock.comm_enabled = True
     record = one_step(clock, 3_600_000 * MS, 54321, True)
+    key = _keys_of(record)
     record.update(
         {
-            schema.GPU_H2D: 0.118,
-            schema.GPU_FORWARD: 4.102,
-            schema.GPU_BACKWARD: 11.871,
-            schema.GPU_OPTIMIZER: 1.033,
-            schema.GPU_STEP: 15.002,
-            schema.MEM_PEAK_ALLOCATED: 42_949_672_960,
-            schema.MEM_PEAK_RESERVED: 51_539_607_552,
-            schema.GPU_COMM: 2.345,
-            schema.GPU_COMM_OF_PHASE[schema.BACKWARD]: 2.345,
+            key(name): value
+            for name, value in {
+                schema.GPU_H2D: 0.118,
+                schema.GPU_FORWARD: 4.102,
+                schema.GPU_BACKWARD: 11.871,
+                schema.GPU_OPTIMIZER: 1.033,
+                schema.GPU_STEP: 15.002,
+                schema.MEM_PEAK_ALLOCATED: 42_949_672_960,
+                schema.MEM_PEAK_RESERVED: 51_539_607_552,
+                schema.GPU_COMM: 2.345,
+                schema.GPU_COMM_OF_PHASE[schema.BACKWARD]: 2.345,
+            }.items()
         }
     )
     return len(orjson.dumps(record, option=_NEWLINE))

@@ -7,7 +7,9 @@ MAJOR with a one-line error.
 
 from __future__ import annotations
 
-RANK_SCHEMA = "traceml.rank/1.3"  # 1.2: "sample" records (telemetry); 1.3: compact steps
+# 1.2: "sample" records (telemetry); 1.3: compact steps; 2.0: short step keys (STEP_KEYS). A
+# major because a reader of 1.x would find no step in a 2.0 file rather than refuse it.
+RANK_SCHEMA = "traceml.rank/2.0"
 SUMMARY_SCHEMA = "traceml.summary/1.3"  # 1.2: telemetry per rank; 1.3: "exactness"
 COMPARISON_SCHEMA = "traceml.comparison/2.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
@@ -375,6 +377,7 @@ ZERO_WHEN_MEASURED: dict[str, tuple[str, ...]] = {
     COMM: (*COMM_OF_PHASE.values(), COMM_COUNT, COMM_BYTES),
     GPU_COMM: tuple(GPU_COMM_OF_PHASE.values()),
 }
+HEADER_STEP_KEYS = "step_keys"  # rank schema 2.0 header: {short key: field name}
 # Per-node partial reductions (issue 24): each node reduces its own rank files into
 # <run_dir>/partials/node_<N>.json; the report merges them (and reads the rest).
 PARTIAL_SCHEMA = "traceml.partial/1.0"

@@ -16,7 +16,9 @@ import time
 import orjson
 import pytest
 
+from traceml import schema
 from traceml.capture.sink import FLUSH_INTERVAL_S
+from traceml.step_record import STEP_KEYS
 
 from procs import PYTHON, SCRIPTS, traced_env
 
@@ -33,7 +35,7 @@ def steps_on_disk(path) -> list[int]:
         except orjson.JSONDecodeError:
             continue  # a last line cut by the kill (the reducer tolerates it too)
         if record.get("kind") == "step":
-            steps.append(record["step"])
+            steps.append(record[STEP_KEYS[schema.STEP_INDEX]])
     return steps
 
 

@@ -1,5 +1,6 @@
 """Compact step records (rank schema 1.3, issue 24): a line carries what was measured; what it
-leaves out reads back as its default or as null, never 0; older files read as before."""
+leaves out reads back as its default or as null, never 0; older files read as before. Rank
+schema 2.0 spells a step line's fields with short keys (STEP_KEYS)."""
 
 import orjson
 import pytest
@@ -8,11 +9,12 @@ from traceml import schema
 from traceml.analysis.rankfile import read_rank_file, read_records
 from traceml.analysis.reduce import reduce_run
 from traceml.capture.step_clock import StepClock
-from traceml.step_record import STEP_RECORD_FIELDS
+from traceml.step_record import STEP_KEYS, STEP_RECORD_FIELDS
 
 from rankfiles import footer, header, synthetic_run, write_rank
 
 MS = 1_000_000
+K = STEP_KEYS
 
 
 def cpu_step(clock: StepClock, t0: int, **context) -> dict:
@@ -31,14 +33,21 @@ def test_a_cpu_step_line_carries_only_what_was_measured():
     clock = StepClock(origin_ns=0)
     record = cpu_step(clock, 100 * MS, global_step=1, epoch=0)
     line = orjson.loads(orjson.dumps(record))
+    # Only short keys are written (and "kind", which every record has).
+    assert set(line) <= {schema.KIND, *K.values()}
+    assert {K[schema.STEP_INDEX], K[schema.STEP], K[schema.RESIDUAL]} <= set(line)
     for absent in (schema.H2D, schema.GAP_MS, schema.GPU_STEP, schema.COMM, schema.MICROBATCHES):
-        assert absent not in line
+        assert K[absent] not in line and absent not in record
     # Whole microseconds, and the phases still add up to the step exactly.
-    assert line[schema.INPUT_WAIT] == 1.235 and line[schema.FORWARD] == 3.556
-    assert line[schema.STEP] == 10.0
-    named = sum(line[p] for p in (schema.INPUT_WAIT, schema.FORWARD, schema.BACKWARD))
-    assert named + line[schema.OPTIMIZER] + line[schema.RESIDUAL] == pytest.approx(10.0, abs=1e-9)
-    # In memory the record still answers every field (what the capture side and tests read).
+    assert line[K[schema.INPUT_WAIT]] == 1.235 and line[K[schema.FORWARD]] == 3.556
+    assert line[K[schema.STEP]] == 10.0
+    named = sum(line[K[p]] for p in (schema.INPUT_WAIT, schema.FORWARD, schema.BACKWARD))
+    last = line[K[schema.OPTIMIZER]] + line[K[schema.RESIDUAL]]
+    assert named + last == pytest.approx(10.0, abs=1e-9)
+    # In memory the record still answers every field by name (what the capture side and
+    # tests read), through [], get and in.
+    assert record[schema.FORWARD] == 3.556 and record.get(schema.FORWARD) == 3.556
+    assert schema.FORWARD in record and record.get(schema.H2D, "absent") == "absent"
     assert record[schema.GPU_STEP] is None and record[schema.MICROBATCHES] == 1
     assert record[schema.OPTIMIZER_STEPPED] is True and record[schema.COMM] is None
 
@@ -47,10 +56,10 @@ def test_comm_zeros_are_left_out_and_read_back_as_zero_not_null():
     clock = StepClock(origin_ns=0, comm_enabled=True)
     record = cpu_step(clock, 0)
     line = orjson.loads(orjson.dumps(record))
-    assert line[schema.COMM] == 1.5 and line[schema.COMM_OF_PHASE[schema.BACKWARD]] == 1.5
-    assert schema.COMM_OF_PHASE[schema.FORWARD] not in line
+    assert line[K[schema.COMM]] == 1.5 and line[K[schema.COMM_OF_PHASE[schema.BACKWARD]]] == 1.5
+    assert K[schema.COMM_OF_PHASE[schema.FORWARD]] not in line
     assert record[schema.COMM_OF_PHASE[schema.FORWARD]] == 0.0
-    assert record[schema.COMM_COUNT] == 1 and schema.COMM_BYTES in line
+    assert record[schema.COMM_COUNT] == 1 and K[schema.COMM_BYTES] in line
 
 
 def _compact_run(tmp_path, comm: bool):
@@ -61,7 +70,7 @@ def _compact_run(tmp_path, comm: bool):
         for index in range(30):
             record = cpu_step(clock, index * 20 * MS + rank * MS, global_step=index + 1, epoch=0)
             if index % 3 == 0:
-                record[schema.RSS] = 1_000_000 + index
+                record[K[schema.RSS]] = 1_000_000 + index  # as the session adds it
             records.append(record)
         records.append(footer(30))
         write_rank(tmp_path, rank, records)
@@ -119,3 +128,58 @@ def test_an_older_file_is_read_as_written(tmp_path):
     path.write_bytes(b"\n".join([orjson.dumps(head), *steps, lines[-1]]) + b"\n")
     data = read_rank_file(path, 0)
     assert not data.compact and set(data.columns[schema.MICROBATCHES]) == {None}
+
+
+def test_a_2_0_file_declares_its_keys_and_reads_back_by_name(tmp_path):
+    from traceml.capture.recorder import build_header
+    from traceml.settings import Settings
+
+    settings = Settings(logs_dir=tmp_path, run_name="keys")
+    head = build_header(
+        settings,
+        {schema.RANK: 0},
+        integration="torch",
+        device={},
+        clock_origin_unix=0.0,
+        timing="host",
+    )
+    assert head[schema.SCHEMA] == "traceml.rank/2.0"
+    assert head[schema.HEADER_STEP_KEYS] == {key: name for name, key in K.items()}
+    _compact_run(tmp_path, comm=True)
+    raw = orjson.loads((tmp_path / "ranks" / "rank_0.jsonl").read_bytes().splitlines()[1])
+    assert K[schema.FORWARD] in raw and schema.FORWARD not in raw
+    step = read_records(tmp_path / "ranks" / "rank_0.jsonl")[1]
+    assert step[schema.FORWARD] == 3.556 and K[schema.FORWARD] not in step
+    assert step[schema.RSS] == 1_000_000 and step.get(schema.H2D) is None
+
+
+def test_a_1_3_file_of_long_names_still_reads(tmp_path):
+    short, long = tmp_path / "short", tmp_path / "long"
+    _compact_run(short, comm=True)
+    for rank in range(2):
+        records = read_records(short / "ranks" / f"rank_{rank}.jsonl")
+        rewritten = []
+        for record in records:
+            if record[schema.KIND] == schema.KIND_HEADER:
+                record = {**record, schema.SCHEMA: "traceml.rank/1.3"}
+                record.pop(schema.HEADER_STEP_KEYS, None)
+            rewritten.append(dict(record))
+        write_rank(long, rank, rewritten)
+    assert b'"forward_ms":' in (long / "ranks" / "rank_0.jsonl").read_bytes()
+    a, b = reduce_run(short), reduce_run(long)
+    for summary in (a, b):
+        summary.pop("generated_at"), summary.pop("run_dir")
+    assert a == b and a["steps_recorded"] == 60
+
+
+@pytest.mark.parametrize("version", ["traceml.rank/3.0", "traceml.rank/0.9"])
+def test_a_rank_schema_this_traceml_cannot_read_is_refused(tmp_path, version):
+    from traceml.errors import ReduceError
+
+    _compact_run(tmp_path, comm=False)
+    path = tmp_path / "ranks" / "rank_0.jsonl"
+    lines = path.read_bytes().splitlines()
+    head = {**orjson.loads(lines[0]), schema.SCHEMA: version}
+    path.write_bytes(b"\n".join([orjson.dumps(head), *lines[1:]]) + b"\n")
+    with pytest.raises(ReduceError, match=version.rpartition("/")[2]):
+        read_rank_file(path, 0)

@@ -1,7 +1,10 @@
 """CUDA-event bookkeeping with fake events: lazy reads, ordering, draining, memory window."""
 
+import orjson
+
 from traceml import schema
 from traceml.capture.cuda_timing import CudaStepTimer
+from traceml.step_record import StepRecord
 
 
 class FakeDevice:
@@ -56,7 +59,7 @@ def one_step(timer, device, start):
     device.now = start + 17
     timer.phase_started("optimizer")
     device.now = start + 20
-    record = {"step": start}
+    record = StepRecord(i=start)  # as the step clock makes it: short keys, read by name
     timer.step_ended(record)
     return record
 
@@ -122,7 +125,7 @@ def test_accumulated_microbatches_sum_their_intervals():
         timer.phase_ended("forward")
         timer.step_started()  # second microbatch of the same step: no new window
     device.now = 30
-    record = {}
+    record = StepRecord()
     timer.step_ended(record)
     device.completed_until = 30
     (done,) = list(timer.ready())
@@ -155,7 +158,7 @@ def comm_step(device, intervals, backward=(8, 16)):
     device.now = backward[1]
     timer.phase_ended("backward")
     device.now = 20
-    record = {}
+    record = StepRecord()
     timer.step_ended(record)
     device.completed_until = 20
     (done,) = list(timer.ready())
@@ -176,3 +179,11 @@ def test_a_phases_device_own_time_is_never_negative():
     assert done[schema.GPU_BACKWARD] == 8
     assert done[schema.GPU_COMM_OF_PHASE[schema.BACKWARD]] <= done[schema.GPU_BACKWARD]
     assert done[schema.GPU_COMM] <= done[schema.GPU_STEP]
+
+
+def test_device_times_are_whole_microseconds_and_phases_that_did_not_wait_are_left_out():
+    done = comm_step(FakeDevice(), [(9.1234567, 13.0000004)])
+    assert done[schema.GPU_COMM] == 3.877 and done[schema.GPU_BACKWARD] == 8
+    forward_wait = schema.GPU_COMM_OF_PHASE[schema.FORWARD]
+    assert forward_wait not in done and done[forward_wait] == 0.0  # absent, read back as 0
+    assert len(orjson.dumps(done)) < 120  # short keys, no 17-digit floats

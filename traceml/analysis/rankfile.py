@@ -19,13 +19,16 @@ import orjson
 
 from traceml import schema
 from traceml.errors import ReduceError
-from traceml.step_record import StepRecord, step_field_default
+from traceml.step_record import STEP_FIELD_OF_KEY, STEP_KEYS, step_field_default
 
 # Only the spelling traceml writes: "rank_01.jsonl" next to "rank_1.jsonl" would be two files
 # for one rank.
 _RANK_FILE = re.compile(r"^rank_(0|[1-9][0-9]*)\.jsonl$")
 _ANY_RANK_FILE = re.compile(r"^rank_.*\.jsonl$")
 _CHUNK_LINES = 8192
+_FIELD_OF_KEY = STEP_FIELD_OF_KEY
+_KEY = STEP_KEYS
+_STEP_KEY = _KEY[schema.STEP]
 
 # Step fields the reducer keeps per step (the rest of a record is not needed after reading).
 _COLUMNS: tuple[str, ...] = (
@@ -110,18 +113,22 @@ def parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
     absent field reads as its default or null, through ``[]`` and ``get`` alike). The live
     view's parser."""
     return [
-        StepView(record)
+        StepView({_FIELD_OF_KEY.get(key, key): value for key, value in record.items()})
         if record is not None and record.get(schema.KIND) == schema.KIND_STEP
         else record
         for record in _parse_chunk(lines)
     ]
 
 
-class StepView(StepRecord):
-    """A step record read back: every field readable, by ``[]`` or ``get`` (compact records
-    of rank schema 1.3 leave unmeasured fields and defaults out)."""
+class StepView(dict):
+    """A step record read back, under the schema's field names: every field readable, by
+    ``[]`` or ``get`` (compact records of rank schema 1.3+ leave unmeasured fields and
+    defaults out; 2.0's short keys are spelled out)."""
 
     __slots__ = ()
+
+    def __missing__(self, fieldname: str) -> Any:
+        return step_field_default(self, fieldname)
 
     def get(self, fieldname: str, default: Any = None) -> Any:  # type: ignore[override]
         if fieldname in self:
@@ -177,7 +184,7 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
             for record in parsed
             if record is not None
             and record.get(schema.KIND) == schema.KIND_STEP
-            and record.get(schema.STEP) is not None
+            and (record.get(_STEP_KEY) is not None or record.get(schema.STEP) is not None)
         ]
         if len(steps) == len(parsed):
             _append_columns(columns, steps, data.compact)
@@ -199,7 +206,7 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
                 continue
             kind = record.get(schema.KIND)
             if kind == schema.KIND_STEP:
-                if record.get(schema.STEP) is None:
+                if record.get(_STEP_KEY) is None and record.get(schema.STEP) is None:
                     data.bad_lines += 1
                     continue
                 steps.append(record)
@@ -225,8 +232,9 @@ def _append_columns(
     columns: dict[str, list[Any]], steps: list[dict[str, Any]], compact: bool = True
 ) -> None:
     """Transpose step records into columns: C-speed for files that spell every field (rank
-    schema before 1.3); for compact records, only the fields the chunk carries are looked up,
-    and absent ones read as their defaults (schema.STEP_DEFAULTS, ZERO_WHEN_MEASURED) or null."""
+    schema before 1.3); for compact records, only the fields the chunk carries are looked up
+    (by their short key, rank schema 2.0, or their name, 1.3), and absent ones read as their
+    defaults (schema.STEP_DEFAULTS, ZERO_WHEN_MEASURED) or null."""
     if not steps:
         return
     if not compact:
@@ -242,13 +250,16 @@ def _append_columns(
     count = len(steps)
     for column in _COLUMNS:
         default = schema.STEP_DEFAULTS.get(column) if compact else None
-        if column in present:  # dict.get through map: no Python frame per record
-            columns[column].extend(map(dict.get, steps, repeat(column), repeat(default)))
+        key = _KEY.get(column, column)
+        if key not in present:
+            key = column
+        if key in present:  # dict.get through map: no Python frame per record
+            columns[column].extend(map(dict.get, steps, repeat(key), repeat(default)))
         else:
             columns[column].extend([default] * count)
     if compact:
         for marker, fields in schema.ZERO_WHEN_MEASURED.items():
-            if marker in present:
+            if marker in present or _KEY[marker] in present:
                 _zero_where_measured(columns, marker, fields, count)
 
 
@@ -276,10 +287,13 @@ def _check_rank_schema(header: dict[str, Any], path: Path) -> bool:
         raise ReduceError(
             f"{path} is not a traceml rank file (schema {header.get(schema.SCHEMA)!r})"
         )
-    if major != supported_major:
+    if not 1 <= major <= supported_major:
         raise ReduceError(
             f"{path} has schema {header.get(schema.SCHEMA)}; this traceml reads "
-            f"{family}/{supported_major}.x (install the traceml version that wrote it)"
+            f"{family}/{supported_major}.x and older (install the traceml version that "
+            "wrote it)"
         )
+    if major > 1:
+        return True
     minor = str(header.get(schema.SCHEMA)).rpartition(".")[2]
     return not minor.isdigit() or int(minor) >= schema.COMPACT_STEPS_SINCE_MINOR

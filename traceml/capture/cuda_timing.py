@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from traceml import schema
+from traceml.step_record import STEP_KEYS
 
 
 class EventLike(Protocol):
@@ -38,6 +39,18 @@ PHASE_FIELDS = {
     "backward": schema.GPU_BACKWARD,
     "optimizer": schema.GPU_OPTIMIZER,
 }
+# The record's keys (rank schema 2.0's short ones).
+_K = STEP_KEYS
+_PHASE_KEYS = {phase: _K[name] for phase, name in PHASE_FIELDS.items()}
+_GPU_STEP, _GPU_COMM = _K[schema.GPU_STEP], _K[schema.GPU_COMM]
+_GPU_COMM_KEYS = {phase: _K[name] for phase, name in schema.GPU_COMM_OF_PHASE.items()}
+_GPU_KEY_OF_PHASE = {phase: _K[name] for phase, name in schema.GPU_OF_PHASE.items()}
+
+
+def _ms(value: float) -> float:
+    """Whole microseconds, as the host times: CUDA events resolve about half a microsecond,
+    and their full float spelled 17 digits per field in every line."""
+    return round(value, 3)
 
 
 @dataclass
@@ -112,9 +125,9 @@ class CudaStepTimer:
         for phase in list(self._open):
             self.phase_ended(phase)
         if self.peak_allocated is not None:
-            record[schema.MEM_PEAK_ALLOCATED] = int(self.peak_allocated())
+            record[_K[schema.MEM_PEAK_ALLOCATED]] = int(self.peak_allocated())
         if self.peak_reserved is not None:
-            record[schema.MEM_PEAK_RESERVED] = int(self.peak_reserved())
+            record[_K[schema.MEM_PEAK_RESERVED]] = int(self.peak_reserved())
         pending = _PendingStep(
             record,
             self._step_start,
@@ -162,11 +175,11 @@ class CudaStepTimer:
 
     def _finish(self, pending: _PendingStep) -> dict[str, Any]:
         record = pending.record
-        record[schema.GPU_STEP] = pending.start.elapsed_time(pending.end)
-        for phase, fieldname in PHASE_FIELDS.items():
+        record[_GPU_STEP] = _ms(pending.start.elapsed_time(pending.end))
+        for phase, key in _PHASE_KEYS.items():
             pairs = pending.intervals.get(phase)
             if pairs:
-                record[fieldname] = sum(start.elapsed_time(end) for start, end in pairs)
+                record[key] = _ms(sum(start.elapsed_time(end) for start, end in pairs))
         events = [pending.start, pending.end]
         for pairs in pending.intervals.values():
             for start, end in pairs:
@@ -185,22 +198,24 @@ def _comm_fields(record: dict[str, Any], pending: _PendingStep) -> list[EventLik
     origin = pending.start
     events: list[EventLike] = []
     everything: list[tuple[float, float]] = []
-    for fieldname in schema.GPU_COMM_OF_PHASE.values():
-        record[fieldname] = 0.0
     for phase, pairs in (pending.comm or {}).items():
         spans = [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in pairs]
         for start, end in pairs:
             events.extend((start, end))
         everything.extend(spans)
-        fieldname = schema.GPU_COMM_OF_PHASE.get(phase)
-        if fieldname is None:
+        key = _GPU_COMM_KEYS.get(phase)
+        if key is None:
             continue
         waited = union_length(spans)
-        phase_field = schema.GPU_OF_PHASE.get(phase)
-        if phase_field is not None and record.get(phase_field) is not None:
-            waited = min(waited, record[phase_field])
-        record[fieldname] = waited
-    record[schema.GPU_COMM] = min(union_length(everything), record[schema.GPU_STEP])
+        phase_key = _GPU_KEY_OF_PHASE.get(phase)
+        if phase_key is not None and record.get(phase_key) is not None:
+            waited = min(waited, record[phase_key])
+        # A phase that did not wait is left out: absent means 0 when the total is there
+        # (schema.ZERO_WHEN_MEASURED).
+        waited = _ms(waited)
+        if waited:
+            record[key] = waited
+    record[_GPU_COMM] = _ms(min(union_length(everything), record[_GPU_STEP]))
     return events
 
 

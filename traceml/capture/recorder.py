@@ -18,7 +18,10 @@ from typing import Any
 from traceml import schema
 from traceml.capture.sink import RankSink, SinkError
 from traceml.settings import Settings
+from traceml.step_record import STEP_FIELD_OF_KEY, STEP_KEYS
 from traceml.versions import package_versions
+
+_COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]  # a step record's own key
 
 
 def utc_now() -> str:
@@ -102,10 +105,11 @@ class RankRecorder:
         if self.limit_reached:
             return True  # steps still queued for their CUDA events when the limit was reached
         written = self.sink.write_ns
-        if written != self._write_ns_counted and record.get(schema.TRACEML_COST_US) is not None:
+        cost = record.get(_COST_KEY)
+        if written != self._write_ns_counted and cost is not None:
             # The rank file is written on the flusher thread, outside every entry point: that
             # is traceml's cost too, counted with the step that follows it.
-            record[schema.TRACEML_COST_US] += (written - self._write_ns_counted) / 1000.0
+            record[_COST_KEY] = round(cost + (written - self._write_ns_counted) / 1000.0, 1)
             self._write_ns_counted = written
         if not self.sink.append(record):
             return False
@@ -157,6 +161,7 @@ def build_header(
     header: dict[str, Any] = {
         schema.KIND: schema.KIND_HEADER,
         schema.SCHEMA: schema.RANK_SCHEMA,
+        schema.HEADER_STEP_KEYS: STEP_FIELD_OF_KEY,
         schema.RUN: settings.run_name,
         **rank_info,
         schema.HOST: socket.gethostname(),

@@ -36,7 +36,11 @@ from traceml.capture.session_parts import (
 )
 from traceml.capture.undo import undo_all
 from traceml.settings import Settings
+from traceml.step_record import STEP_KEYS
 
+# A step record's own keys (rank schema 2.0).
+_RSS_KEY = STEP_KEYS[schema.RSS]
+_COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
 RSS_EVERY_NS = 10_000_000
 
 
@@ -222,7 +226,7 @@ class Session:
         # training, but at most every RSS_EVERY_NS on millisecond-scale steps (null between).
         if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
             self._rss_at = now
-            record[schema.RSS] = self._rss()
+            record[_RSS_KEY] = self._rss()
         cost = 0
         for owner in self.cost_owners:
             cost += owner.own_cost_ns
@@ -230,7 +234,7 @@ class Session:
             cost += self.comm.own_cost_ns
         if self.input_timing is not None:  # num_workers=0: its doors run in this process
             cost += self.input_timing.own_cost_ns
-        record[schema.TRACEML_COST_US] = (cost - self._cost_reported_ns) / 1000.0
+        record[_COST_KEY] = round((cost - self._cost_reported_ns) / 1000.0, 1)
         self._cost_reported_ns = cost
         if self.gpu is not None:
             self.gpu.step_ended(record)

@@ -18,18 +18,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceml import schema
-from traceml.step_record import StepRecord
+from traceml.step_record import STEP_KEYS, StepRecord
 
 NS_PER_MS = 1_000_000
 _StepRecord = StepRecord
-_KIND, _KIND_STEP, _STEP_INDEX = schema.KIND, schema.KIND_STEP, schema.STEP_INDEX
-_GLOBAL_STEP, _EPOCH, _MICROBATCHES = schema.GLOBAL_STEP, schema.EPOCH, schema.MICROBATCHES
-_OPTIMIZER_STEPPED, _T_START, _GAP = schema.OPTIMIZER_STEPPED, schema.T_START_MS, schema.GAP_MS
-_STEP, _INPUT_WAIT, _H2D = schema.STEP, schema.INPUT_WAIT, schema.H2D
-_FORWARD, _BACKWARD, _OPTIMIZER = schema.FORWARD, schema.BACKWARD, schema.OPTIMIZER
-_RESIDUAL = schema.RESIDUAL
-_COMM, _COMM_COUNT, _COMM_BYTES = schema.COMM, schema.COMM_COUNT, schema.COMM_BYTES
-_COMM_OF_PHASE = schema.COMM_OF_PHASE
+# Record keys are rank schema 2.0's short ones (STEP_KEYS); phases stay long names.
+_K = STEP_KEYS
+_KIND, _KIND_STEP, _STEP_INDEX = schema.KIND, schema.KIND_STEP, _K[schema.STEP_INDEX]
+_GLOBAL_STEP, _EPOCH, _MICROBATCHES = (
+    _K[schema.GLOBAL_STEP],
+    _K[schema.EPOCH],
+    _K[schema.MICROBATCHES],
+)
+_OPTIMIZER_STEPPED, _T_START, _GAP = (
+    _K[schema.OPTIMIZER_STEPPED],
+    _K[schema.T_START_MS],
+    _K[schema.GAP_MS],
+)
+_STEP, _INPUT_WAIT, _H2D = _K[schema.STEP], _K[schema.INPUT_WAIT], _K[schema.H2D]
+_FORWARD, _BACKWARD, _OPTIMIZER = _K[schema.FORWARD], _K[schema.BACKWARD], _K[schema.OPTIMIZER]
+_RESIDUAL = _K[schema.RESIDUAL]
+_COMM, _COMM_COUNT, _COMM_BYTES = _K[schema.COMM], _K[schema.COMM_COUNT], _K[schema.COMM_BYTES]
+_COMM_OF_PHASE = {phase: _K[name] for phase, name in schema.COMM_OF_PHASE.items()}
 _PHASE_NS = {
     schema.INPUT_WAIT: "input_ns",
     schema.H2D: "h2d_ns",
@@ -339,7 +349,9 @@ class StepClock:
             if fieldname is None or ns <= 0:
                 continue
             # A wait is inside its phase: never more than the phase itself (clock edges).
-            limit = residual_ns if phase == _RESIDUAL else getattr(group, _PHASE_NS[phase]) or 0
+            limit = (
+                residual_ns if phase == schema.RESIDUAL else getattr(group, _PHASE_NS[phase]) or 0
+            )
             us = (min(ns, limit) + 500) // 1000
             if us:
                 total += us

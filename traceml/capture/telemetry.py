@@ -37,7 +37,6 @@ MAX_FAILURES = 3
 QUEUE_LENGTH = 600
 
 
-
 def _proc_children() -> list[int] | None:
     """This process's direct children, from /proc (None where it cannot be read)."""
     try:
