@@ -235,3 +235,47 @@ def test_quantiles_taken_in_worker_processes_are_the_same(layout, monkeypatch):
     monkeypatch.setattr(node_sketches, "PARALLEL_POINTS", 0)  # a pool for every run
     pooled = reduce_run(layout, thresholds={"warmup_steps": WARMUP}, now=NOW, jobs=2)
     assert pooled == alone
+
+
+def _node(rank_spans: list[range], seed: int):
+    from traceml.analysis.node_series import NodeSeries
+
+    rng = random.Random(seed)
+    node = NodeSeries()
+    for span in rank_spans:
+        numbers = list(span)
+        node.add(
+            {
+                "n": numbers,
+                schema.STEP: [rng.uniform(1, 9) for _ in numbers],
+                schema.FORWARD: [rng.uniform(1, 3) for _ in numbers],
+            },
+            "n",
+        )
+    return node
+
+
+def test_merging_stored_node_series_shortcuts_nothing_that_counts():
+    # Nodes as partials store them (uniform counts as one number), merged in order, against
+    # the same nodes with their counts spelled out step by step: same totals, same counts.
+    from traceml.analysis.node_series import NodeSeries
+
+    layouts = [
+        [range(0, 100), range(0, 100)],  # uniform
+        [range(0, 100)] * 3,  # uniform, same span
+        [range(50, 150)],  # another span
+        [range(0, 100), range(0, 60)],  # counts differ along the steps
+        [range(0, 100)],
+    ]
+    nodes = [NodeSeries.from_state(_node(spans, i).to_state()) for i, spans in enumerate(layouts)]
+    assert set(nodes[0].uniform) == {schema.STEP, schema.FORWARD} and not nodes[3].uniform
+    for order in (nodes, nodes[:2], [nodes[0], nodes[1], nodes[4]]):
+        fast, slow = NodeSeries(), NodeSeries()
+        for node in order:
+            fast.merge(node)
+            spelled = NodeSeries.from_state(node.to_state())
+            spelled.uniform.clear()
+            slow.merge(spelled)
+        assert fast.counts == slow.counts and fast.totals == slow.totals
+        assert fast.job_values() == slow.job_values()
+    assert fast.uniform == {schema.STEP: 6, schema.FORWARD: 6}  # the last order: one span

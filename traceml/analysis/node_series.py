@@ -30,6 +30,9 @@ class NodeSeries:
         self.length = 0  # slots in each list: the step numbers seen span this many
         self.totals: dict[str, list[float]] = {}
         self.counts: dict[str, list[int]] = {}
+        # Fields whose count is this same number at every slot (a node's usual series: every
+        # rank measured every step): merging two such needs no per-step work on the counts.
+        self.uniform: dict[str, int] = {}
 
     # -- one rank at a time ------------------------------------------------------------------
 
@@ -41,6 +44,9 @@ class NodeSeries:
         self.ranks += 1
         if not numbers:
             return
+        for name, totals in self.totals.items():  # loaded from a partial: lists to grow
+            if type(totals) is array:
+                self.totals[name] = totals.tolist()
         self._make_room(numbers[0], numbers[-1])
         origin = self.origin
         indices = [number - origin for number in numbers]  # type: ignore[operator]
@@ -49,6 +55,8 @@ class NodeSeries:
 
     def _make_room(self, first: int, last: int) -> None:
         """Grow the lists so step numbers ``first..last`` have a slot."""
+        if self.origin is None or first < self.origin or last - self.origin + 1 > self.length:
+            self.uniform.clear()  # new slots count 0
         if self.origin is None:
             self.origin = first
         if first < self.origin:
@@ -71,6 +79,7 @@ class NodeSeries:
             counts.extend([0] * grow)
 
     def _add_field(self, fieldname: str, values: list[Any], indices: list[int]) -> None:
+        self.uniform.pop(fieldname, None)
         self._pad(fieldname)
         totals, counts = self.totals[fieldname], self.counts[fieldname]
         use_max = fieldname in MAX_OVER_RANKS
@@ -104,12 +113,20 @@ class NodeSeries:
             return
         self._make_room(other.origin, other.origin + other.length - 1)
         offset = other.origin - self.origin  # type: ignore[operator]
+        same_span = offset == 0 and other.length == self.length
         for fieldname in other.totals:
+            mine = self.uniform.pop(fieldname, None) if fieldname in self.totals else 0
             self._pad(fieldname)
             combine = max if fieldname in MAX_OVER_RANKS else operator.add
             end = offset + other.length
-            totals, counts = self.totals[fieldname], self.counts[fieldname]
+            totals = self.totals[fieldname]
             totals[offset:end] = map(combine, totals[offset:end], other.totals[fieldname])
+            theirs = other.uniform.get(fieldname)
+            if same_span and mine is not None and theirs is not None:
+                self.uniform[fieldname] = mine + theirs
+                self.counts[fieldname] = [mine + theirs] * self.length
+                continue
+            counts = self.counts[fieldname]
             counts[offset:end] = map(operator.add, counts[offset:end], other.counts[fieldname])
 
     def job_values(self) -> dict[str, list[float]]:
@@ -145,10 +162,14 @@ class NodeSeries:
         series.origin = None if origin is None else int(origin)
         series.length = int(state["length"])
         for name, (totals, counts) in state["fields"].items():
-            series.totals[name] = _decode("d", totals)
-            series.counts[name] = (
-                [int(counts)] * series.length if type(counts) is int else _decode("q", counts)
-            )
+            # Kept as an array (8 bytes a step, not a list's 32): a merge holds every node's
+            # series until it adds them up, and map() reads arrays as fast as lists.
+            series.totals[name] = _decode("d", totals)  # type: ignore[assignment]
+            if type(counts) is int:
+                series.uniform[name] = counts
+                series.counts[name] = [counts] * series.length
+            else:
+                series.counts[name] = _decode("q", counts).tolist()
             if len(series.totals[name]) != series.length or len(series.counts[name]) != (
                 series.length
             ):
@@ -167,10 +188,10 @@ def _encode_counts(counts: list[int]) -> int | str:
     return _encode("q", counts)
 
 
-def _decode(typecode: str, text: str) -> list[Any]:
+def _decode(typecode: str, text: str) -> array:
     values = array(typecode)
     values.frombytes(base64.b64decode(text, validate=True))
-    return values.tolist()
+    return values
 
 
 def node_of(header: dict[str, Any] | None) -> int:

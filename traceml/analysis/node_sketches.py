@@ -21,6 +21,8 @@ COMPRESS_AT = 4 * stats.SKETCH_POINTS
 PARALLEL_POINTS = 500_000
 
 
+_NUMBERS = {int, float}
+
 class NodeSketches:
     def __init__(self) -> None:
         self.fields: dict[str, list[stats.Sketch]] = {}
@@ -58,7 +60,7 @@ class NodeSketches:
         for name, group in state.items():
             checked = []
             for values, weight in group:
-                if not isinstance(values, list) or not all(type(v) in (int, float) for v in values):
+                if not isinstance(values, list) or not set(map(type, values)) <= _NUMBERS:
                     raise ValueError(f"sketch of {name}: not a list of numbers")
                 checked.append((values, float(weight)))
             sketches.fields[name] = checked

@@ -8,8 +8,10 @@ steps at a time.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 
 # Ranks with at most this many steps contribute every value (exact pooled quantiles);
@@ -76,30 +78,35 @@ def merged_quantiles(sketches: list[Sketch], ps: Sequence[float]) -> list[float]
     if all(weight == 1.0 for _values, weight in sketches):
         pooled = sorted(v for values, _weight in sketches for v in values)
         return [quantile_sorted(pooled, p) for p in ps]
-    points = sorted((v, w) for values, w in sketches for v in values)
+    # Built and searched at C speed (zip, accumulate, bisect): a run of many nodes merges
+    # nodes x SKETCH_POINTS points per field. Same arithmetic, in the same order, as walking
+    # the points: a point's position is the weight before it plus half its own less one.
+    points = sorted(
+        itertools.chain.from_iterable(
+            zip(values, itertools.repeat(w), itertools.repeat((w - 1.0) / 2.0), strict=False)
+            for values, w in sketches
+        )
+    )
+    before = itertools.accumulate(map(_second, points), initial=0.0)
+    positions = list(map(operator.add, before, map(_third, points)))
     total = sum(len(values) * weight for values, weight in sketches)
-    targets = [(total - 1.0) * p for p in ps]
     results: list[float] = []
-    prev_value = prev_pos = None
-    cumulative = 0.0
-    index = 0
-    for value, weight in points:
-        position = cumulative + (weight - 1.0) / 2.0
-        cumulative += weight
-        while index < len(targets) and targets[index] <= position:
-            h = targets[index]
-            if prev_value is None or position == prev_pos:
-                results.append(value)
-            else:
-                fraction = (h - prev_pos) / (position - prev_pos)
-                results.append(prev_value + fraction * (value - prev_value))
-            index += 1
-        prev_value, prev_pos = value, position
-        if index == len(targets):
-            break
-    while len(results) < len(ps):
-        results.append(prev_value)
+    for p in ps:
+        h = (total - 1.0) * p
+        index = bisect.bisect_left(positions, h)
+        if index == len(positions):  # past the last point (rounding): the largest value
+            results.append(points[-1][0])
+        elif index == 0 or positions[index] == positions[index - 1]:
+            results.append(points[index][0])
+        else:
+            prev_value, prev_pos = points[index - 1][0], positions[index - 1]
+            fraction = (h - prev_pos) / (positions[index] - prev_pos)
+            results.append(prev_value + fraction * (points[index][0] - prev_value))
     return results
+
+
+_second = operator.itemgetter(1)
+_third = operator.itemgetter(2)
 
 
 def distribution_ps(points: int = DISTRIBUTION_POINTS) -> list[float]:
