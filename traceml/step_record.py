@@ -1,6 +1,6 @@
 """A compact step record (rank schema 2.0) that still answers every field.
 
-Writers put only what was measured in a step line, under its short key (schema.STEP_KEYS;
+Writers put only what was measured in a step line, under its short key (STEP_KEYS below;
 schema.STEP_DEFAULTS and schema.ZERO_WHEN_MEASURED say what an absent field stands for); the
 capture side reads any field of it by its schema name, as null when unmeasured, never 0.
 Shared base: no wing imported.
@@ -114,7 +114,7 @@ def step_field_default(record: dict, fieldname: str) -> object:
 
 
 class StepRecord(dict):
-    """A step record as written: short keys (schema.STEP_KEYS), only measured fields. Read by
+    """A step record as written: short keys (STEP_KEYS), only measured fields. Read by
     schema names: ``record[field]`` of an absent field is its default or None, never a
     KeyError; ``get`` and ``in`` see only what is there. Serialisation sees the short keys
     (orjson writes dict subclasses as dicts)."""

@@ -192,6 +192,7 @@ def test_the_device_timer_reads_peak_memory_and_never_resets_it(monkeypatch):
     import torch
 
     from traceml.capture.cuda_timing import cuda_step_timer
+    from traceml.step_record import StepRecord
 
     calls: list[str] = []
     for name in RESETS:
@@ -205,7 +206,7 @@ def test_the_device_timer_reads_peak_memory_and_never_resets_it(monkeypatch):
         timer.step_started()
         timer.phase_started("forward")
         timer.phase_ended("forward")
-        record: dict = {}
+        record = StepRecord()  # as the step clock hands it over: short keys, read by name
         timer.step_ended(record)
         records.extend(timer.ready())
     records.extend(timer.drain())

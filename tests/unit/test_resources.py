@@ -184,3 +184,38 @@ def test_compare_lists_memory_and_utilization_deltas(tmp_path: Path) -> None:
     host = result["resources"]["host_cpu_pct"]
     assert (host["a"], host["b"], host["change"]) == (40.0, 80.0, 40.0)
     assert "Host CPU (% of all cores): 40.0 -> 80.0 (+40.0)" in render_comparison(result)
+
+
+def test_device_busy_share_is_the_same_whether_every_step_is_timed_or_not():
+    # Every step timed on both sides takes a C-speed path; one step without device times
+    # takes the step-by-step one. Both must give what walking the steps gives.
+    import math
+    import random
+
+    from traceml.analysis.resources import _DEVICE_PHASES, _device_busy
+
+    rng = random.Random(7)
+    steps = [rng.uniform(5, 20) for _ in range(500)]
+    columns = {schema.STEP: steps}
+    for fieldname in _DEVICE_PHASES:
+        columns[fieldname] = [rng.uniform(0, 6) for _ in steps]
+
+    def walked(columns, skipped):
+        busy = host = 0.0
+        used = 0
+        for index in range(skipped, len(steps)):
+            phases = [columns[f][index] for f in _DEVICE_PHASES if columns[f][index] is not None]
+            if not phases:
+                continue
+            busy += min(columns[schema.STEP][index], math.fsum(phases))
+            host += columns[schema.STEP][index]
+            used += 1
+        return {"share": busy / host, "steps": used}
+
+    assert _device_busy(columns, 10) == walked(columns, 10)
+    assert _device_busy(columns, 10)["steps"] == 490
+    gap = {name: list(values) for name, values in columns.items()}
+    for fieldname in _DEVICE_PHASES:
+        gap[fieldname][100] = None
+    assert _device_busy(gap, 10) == walked(gap, 10)
+    assert _device_busy(gap, 10)["steps"] == 489
