@@ -162,7 +162,7 @@ def test_a_killed_training_leaves_no_counters_file(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if rank_file.exists() and b'"step"' in rank_file.read_bytes():
+            if rank_file.exists() and b'"kind":"step"' in rank_file.read_bytes():
                 break
             time.sleep(0.2)
         else:
