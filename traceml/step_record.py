@@ -67,6 +67,7 @@ _PHASE_KEYS = {
     schema.FORWARD: "fw",
     schema.BACKWARD: "bw",
     schema.OPTIMIZER: "op",
+    schema.RESIDUAL: "rs",
 }
 STEP_KEYS: dict[str, str] = {
     schema.STEP_INDEX: "i",
@@ -78,7 +79,6 @@ STEP_KEYS: dict[str, str] = {
     schema.GAP_MS: "gap",
     schema.STEP: "st",
     **_PHASE_KEYS,
-    schema.RESIDUAL: "rs",
     schema.RSS: "rss",
     schema.TRACEML_COST_US: "tu",
     **{
@@ -90,10 +90,7 @@ STEP_KEYS: dict[str, str] = {
     schema.MEM_PEAK_ALLOCATED: "ma",
     schema.MEM_PEAK_RESERVED: "mr",
     schema.COMM: "c",
-    **{
-        name: "c" + {**_PHASE_KEYS, schema.RESIDUAL: "rs"}[phase]
-        for phase, name in schema.COMM_OF_PHASE.items()
-    },
+    **{name: "c" + _PHASE_KEYS[phase] for phase, name in schema.COMM_OF_PHASE.items()},
     schema.COMM_COUNT: "cn",
     schema.COMM_BYTES: "cb",
     schema.GPU_COMM: "gc",

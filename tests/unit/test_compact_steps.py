@@ -76,26 +76,38 @@ def _compact_run(tmp_path, comm: bool):
         write_rank(tmp_path, rank, records)
 
 
+def _rewrite_run(source, target, version: str, step) -> None:
+    """``source``'s two rank files read back (field names), written again under ``target`` as
+    rank schema ``version`` would have: its header's version, no key map, ``step(record)``
+    for each step record."""
+    for rank in range(2):
+        rewritten = []
+        for record in read_records(source / "ranks" / f"rank_{rank}.jsonl"):
+            if record[schema.KIND] == schema.KIND_HEADER:
+                record = {**record, schema.SCHEMA: version}
+                record.pop(schema.HEADER_STEP_KEYS, None)
+            elif record[schema.KIND] == schema.KIND_STEP:
+                record = step(record)
+            rewritten.append(record)
+        write_rank(target, rank, rewritten)
+
+
+def _reduced(run_dir) -> dict:
+    """The run's summary without what differs between two directories reduced apart."""
+    summary = reduce_run(run_dir)
+    summary.pop("generated_at"), summary.pop("run_dir")
+    return summary
+
+
 @pytest.mark.parametrize("comm", [False, True])
 def test_compact_files_reduce_like_the_same_steps_spelled_out(tmp_path, comm):
     compact, full = tmp_path / "compact", tmp_path / "full"
     _compact_run(compact, comm)
     # The same records with every field spelled out, as rank schema 1.2 wrote them.
-    for rank in range(2):
-        records = read_records(compact / "ranks" / f"rank_{rank}.jsonl")
-        spelled = []
-        for record in records:
-            if record[schema.KIND] == schema.KIND_HEADER:
-                record = {**record, schema.SCHEMA: "traceml.rank/1.2"}
-            elif record[schema.KIND] == schema.KIND_STEP:
-                record = {name: record[name] for name in STEP_RECORD_FIELDS}
-            spelled.append(record)
-        write_rank(full, rank, spelled)
+    _rewrite_run(compact, full, "traceml.rank/1.2", lambda r: {n: r[n] for n in STEP_RECORD_FIELDS})
     line = (full / "ranks" / "rank_0.jsonl").read_bytes().splitlines()[1]
     assert b'"gpu_step_ms":null' in line  # really spelled out
-    a, b = reduce_run(compact), reduce_run(full)
-    for summary in (a, b):
-        summary.pop("generated_at"), summary.pop("run_dir")
+    a, b = _reduced(compact), _reduced(full)
     assert a == b
     phases = a["ranks"][0]["phases"]
     assert phases[schema.GPU_STEP] is None and phases[schema.H2D] is None  # null, never 0
@@ -156,19 +168,9 @@ def test_a_2_0_file_declares_its_keys_and_reads_back_by_name(tmp_path):
 def test_a_1_3_file_of_long_names_still_reads(tmp_path):
     short, long = tmp_path / "short", tmp_path / "long"
     _compact_run(short, comm=True)
-    for rank in range(2):
-        records = read_records(short / "ranks" / f"rank_{rank}.jsonl")
-        rewritten = []
-        for record in records:
-            if record[schema.KIND] == schema.KIND_HEADER:
-                record = {**record, schema.SCHEMA: "traceml.rank/1.3"}
-                record.pop(schema.HEADER_STEP_KEYS, None)
-            rewritten.append(dict(record))
-        write_rank(long, rank, rewritten)
+    _rewrite_run(short, long, "traceml.rank/1.3", dict)
     assert b'"forward_ms":' in (long / "ranks" / "rank_0.jsonl").read_bytes()
-    a, b = reduce_run(short), reduce_run(long)
-    for summary in (a, b):
-        summary.pop("generated_at"), summary.pop("run_dir")
+    a, b = _reduced(short), _reduced(long)
     assert a == b and a["steps_recorded"] == 60
 
 

@@ -23,6 +23,7 @@ PARALLEL_POINTS = 500_000
 
 _NUMBERS = {int, float}
 
+
 class NodeSketches:
     def __init__(self) -> None:
         self.fields: dict[str, list[stats.Sketch]] = {}
