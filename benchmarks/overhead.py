@@ -23,11 +23,13 @@ the rounds. Also prints the records' own ``traceml_us`` against the side-by-side
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
+import callgrind_window
 from _common import PYTHON, RFDETR, TINY, alternate, clean_env, describe, paired_ratio, run, values
 
 from traceml.analysis.rankfile import read_records
@@ -42,9 +44,15 @@ STRESS = {"TINY_VALIDATE": 0}
 # slowed by other processes lie above it; periodic costs such as the flusher's write, ~1 in 150
 # batches, lie above it too and are counted in traceml_us instead). Set from --clock.
 CLOCK = {"field": "seconds"}
+# --clock instructions: the callgrind window (callgrind_window.py) and the stretch of traceml's
+# time-based intervals (a batch under callgrind takes ~this many times as long in wall time).
+CG: dict = {"library": "", "warm": 300, "batches": 400, "scale": 60.0}
 
 
 def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """The loop time of one run by CLOCK (or its window's instructions) and its batch count."""
+    if CLOCK["field"] == "instructions":
+        return loop_instructions(script, env, cwd)
     workdir = Path(env["RFD_WORKDIR"])
     try:
         result = run([PYTHON, script], env, cwd)
@@ -55,6 +63,27 @@ def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, f
         raise RuntimeError(f"door {env['BUDGET_OFF']} was not switched off: {door}")
     timer = values(result.stdout, "LOOP_TIMER")
     return timer[CLOCK["field"]], timer["batches"]
+
+
+def loop_instructions(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Run under callgrind; the instructions of CG["batches"] loop batches after CG["warm"]."""
+    dumps = callgrind_window.out_dir()
+    paths = [str(HERE), *filter(None, [env.get("PYTHONPATH")])]
+    env = {
+        **env,
+        "CG_LIBRARY": CG["library"],
+        "CG_WARM": str(CG["warm"]),
+        "CG_BATCHES": str(CG["batches"]),
+        "CG_SCALE": str(CG["scale"]),
+        "PYTHONPATH": os.pathsep.join(paths),
+        "TINY_BATCHES": str(CG["warm"] + CG["batches"] + 10),
+    }
+    try:
+        run([*callgrind_window.valgrind_prefix(dumps), PYTHON, script], env, cwd, timeout=3600)
+        return callgrind_window.window_instructions(dumps), CG["batches"]
+    finally:
+        shutil.rmtree(dumps, ignore_errors=True)
+        shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
 
 
 def traced_env(work: Path, name: str, workload: dict[str, object], **extra: object) -> dict:
@@ -151,9 +180,7 @@ def budget(rounds: int, batches: int) -> None:
                 elif name == "traced":
                     env = traced_env(work, run_name, workload)
                 else:
-                    env = traced_env(
-                        work, run_name, workload, BUDGET_OFF=name[4:], PYTHONPATH=site
-                    )
+                    env = traced_env(work, run_name, workload, BUDGET_OFF=name[4:], PYTHONPATH=site)
                 seconds, count = loop_seconds(TINY, env, work)
                 per_batch[name].append(seconds / count * 1e6)
             print(
@@ -161,8 +188,39 @@ def budget(rounds: int, batches: int) -> None:
                 + " ".join(f"{n}={per_batch[n][-1]:.1f}" for n in names),
                 flush=True,
             )
-        own_us = own_cost_us(work / "logs", "*-traced")
+        if CLOCK["field"] == "instructions":
+            to_us(per_batch, native_plain_us(work, workload))
+            own_us = own_cost_us(work / "logs", "native*")
+        else:
+            own_us = own_cost_us(work / "logs", "*-traced")
     print_budget(per_batch, own_us, rounds, batches)
+
+
+def native_plain_us(work: Path, workload: dict[str, object], pairs: int = 3) -> float:
+    """Plain (and traced, for their records' traceml_us) at native speed, p25 per batch."""
+    CLOCK["field"] = "p25_seconds"
+    plain: list[float] = []
+    for index in range(pairs):
+        env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"native-plain{index}", **workload)
+        seconds, count = loop_seconds(TINY, env, work)
+        plain.append(seconds / count * 1e6)
+        loop_seconds(TINY, traced_env(work, f"native{index}", workload), work)
+    CLOCK["field"] = "instructions"
+    print(f"  native plain loop (p25): {describe(plain, ' us')} per batch", flush=True)
+    return statistics.median(plain)
+
+
+def to_us(per_batch: dict[str, list[float]], plain_us: float) -> None:
+    """Instructions per batch (given per 1e6 batches) -> microseconds at the plain loop's
+    native rate (instructions per microsecond of the plain loop on this machine)."""
+    rate = statistics.median(per_batch["plain"]) / 1e6 / plain_us
+    print(
+        "  instructions per batch: "
+        + " ".join(f"{name}={statistics.median(v) / 1e6:.0f}" for name, v in per_batch.items())
+    )
+    print(f"  plain loop: {rate:.0f} instructions per us (native p25)", flush=True)
+    for values_ in per_batch.values():
+        values_[:] = [v / 1e6 / rate for v in values_]
 
 
 def print_budget(per_batch: dict[str, list[float]], own_us: float, rounds: int, batches: int):
@@ -200,10 +258,22 @@ def main() -> None:
     parser.add_argument("--budget", action="store_true", help="per-door table (stress only)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --budget")
     parser.add_argument(
-        "--clock", choices=("wall", "cpu", "p25"), default="wall", help="loop time compared"
+        "--clock",
+        choices=("wall", "cpu", "p25", "instructions"),
+        default="wall",
+        help="loop time compared (instructions: under callgrind, budget only)",
     )
     args = parser.parse_args()
-    CLOCK["field"] = {"wall": "seconds", "cpu": "cpu_seconds", "p25": "p25_seconds"}[args.clock]
+    CLOCK["field"] = {
+        "wall": "seconds",
+        "cpu": "cpu_seconds",
+        "p25": "p25_seconds",
+        "instructions": "instructions",
+    }[args.clock]
+    if args.clock == "instructions":
+        if not args.budget:
+            parser.error("--clock instructions goes with --budget")
+        CG["library"] = str(callgrind_window.build_library(Path(tempfile.mkdtemp())))
     print(f"clock: {args.clock} time of the loop body", flush=True)
     if args.budget:
         budget(args.rounds, args.stress_batches)

@@ -23,14 +23,26 @@ def install(package: str) -> None:
     # p25_seconds: the batches' 25th-percentile wall time times their count; batches slowed by
     # other processes sit above it, so it barely moves with the machine's load.
     totals = {"seconds": 0.0, "cpu_seconds": 0.0, "batches": 0}
+    # Under callgrind (benchmarks/overhead.py --clock instructions): count the instructions of
+    # a window of batches; benchmarks/ is on PYTHONPATH then.
+    window = None
+    if os.environ.get("CG_LIBRARY"):
+        import callgrind_window
+
+        callgrind_window.scale_intervals(float(os.environ["CG_SCALE"]))
+        window = callgrind_window.from_environment()
     durations: list[float] = []
     cpu = time.process_time
 
     def advance(self, data_fetcher):
+        if window is not None:
+            window.before()
         start, cpu_start = time.perf_counter(), cpu()
         try:
             return original(self, data_fetcher)
         finally:
+            if window is not None:
+                window.after()
             totals["cpu_seconds"] += cpu() - cpu_start
             elapsed = time.perf_counter() - start
             totals["seconds"] += elapsed
