@@ -24,6 +24,11 @@ class State(enum.Enum):
     UNSUPPORTED = "unsupported"  # a setup traceml would mis-measure: training runs natively
 
 
+# The members as module constants: ``State.TRACING`` is an attribute lookup through the enum's
+# metaclass (~0.2 us on Python 3.11), and the boundaries test the state ~20 times per step.
+IDLE, READY, TRACING = State.IDLE, State.READY, State.TRACING
+DONE, DISABLED, UNSUPPORTED = State.DONE, State.DISABLED, State.UNSUPPORTED
+
 ALLOWED: dict[State, frozenset[State]] = {
     State.IDLE: frozenset({State.READY, State.UNSUPPORTED, State.DISABLED}),
     State.READY: frozenset({State.TRACING, State.IDLE, State.UNSUPPORTED, State.DISABLED}),

@@ -22,7 +22,7 @@ from typing import Any
 
 from traceml import console, schema
 from traceml.capture.clock import clock_ns
-from traceml.capture.lifecycle import Lifecycle, State
+from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
 from traceml.capture.recorder import RankRecorder, build_header
 from traceml.capture.session_parts import (
     CommTiming,
@@ -88,7 +88,7 @@ class Session:
         return open_session(self, rank_info, unsupported_reason)
 
     def mark_unsupported(self, reason: str) -> None:
-        self.life.move(State.UNSUPPORTED)
+        self.life.move(UNSUPPORTED)
         self.recorder.status = schema.STATUS_UNSUPPORTED
         console.warn(f"not tracing: {reason} is not supported; training runs natively")
         self.write_header(timing="host")
@@ -123,11 +123,11 @@ class Session:
     # -- boundaries (the adapter checked nothing; each method checks the state) -------------
 
     def iterator_created(self, start: int, end: int) -> None:
-        if self.life.state is State.TRACING:
+        if self.life.state is TRACING:
             self.clock.iterator_created(start, end)
 
     def fetched(self, start: int, end: int) -> None:
-        if self.life.state is not State.TRACING:
+        if self.life.state is not TRACING:
             return
         starts_step = not self.clock.in_step
         self.clock.fetched(start, end)
@@ -135,7 +135,7 @@ class Session:
             self.gpu.step_started()
 
     def transfer_started(self) -> int | None:
-        if self.life.state is not State.TRACING or not self.clock.in_microbatch:
+        if self.life.state is not TRACING or not self.clock.in_microbatch:
             return None
         self.clock.transfer_started()
         if self.gpu is not None:
@@ -144,26 +144,26 @@ class Session:
 
     def transferred(self, start: int) -> None:
         end = clock_ns()
-        if self.life.state is not State.TRACING:
+        if self.life.state is not TRACING:
             return
         if self.gpu is not None:
             self.gpu.phase_ended("h2d")
         self.clock.transferred(start, end)
 
     def forward_started(self) -> None:
-        if self.life.state is State.TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING and self.clock.in_microbatch:
             self.clock.forward_started(clock_ns())
             if self.gpu is not None:
                 self.gpu.phase_started("forward")
 
     def forward_ended(self) -> None:
-        if self.life.state is State.TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING and self.clock.in_microbatch:
             if self.gpu is not None:
                 self.gpu.phase_ended("forward")
             self.clock.forward_ended(clock_ns())
 
     def backward_started(self) -> None:
-        if self.life.state is State.TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING and self.clock.in_microbatch:
             if self.comm is not None:
                 self.comm.backward_started()
             self.clock.backward_started(clock_ns())
@@ -171,7 +171,7 @@ class Session:
                 self.gpu.phase_started("backward")
 
     def backward_ended(self) -> None:
-        if self.life.state is State.TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING and self.clock.in_microbatch:
             if self.comm is not None:
                 self.comm.backward_finished()
             if self.gpu is not None:
@@ -179,14 +179,14 @@ class Session:
             self.clock.backward_ended(clock_ns())
 
     def optimizer_started(self) -> None:
-        if self.life.state is State.TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING and self.clock.in_microbatch:
             self.clock.optimizer_started(clock_ns())
             if self.gpu is not None:
                 self.gpu.phase_started("optimizer")
 
     def batch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """A microbatch ended; it writes the step when it stepped the optimizer."""
-        if self.life.state is State.TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING and self.clock.in_microbatch:
             now = clock_ns()
             record = self.clock.batch_ended(now, global_step, epoch)
             if record is not None:
@@ -194,7 +194,7 @@ class Session:
 
     def epoch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """Flush microbatches that never reached an optimizer step; the epoch's input record."""
-        if self.life.state is State.TRACING:
+        if self.life.state is TRACING:
             now = clock_ns()
             record = self.clock.epoch_ended(now, global_step, epoch)
             if record is not None:
@@ -245,16 +245,16 @@ class Session:
 
     def _write_step(self, record: dict[str, Any]) -> None:
         recorder = self.recorder
-        if recorder is None or self.life.state not in (State.TRACING, State.DONE):
+        if recorder is None or self.life.state not in (TRACING, DONE):
             return
         if not recorder.step(record):
             # The sink warned once already (full disk, deleted directory...).
-            self.life.move(State.DISABLED)
+            self.life.move(DISABLED)
             recorder.status = schema.STATUS_DISABLED
             self.remove_instruments()
             return
-        if recorder.limit_reached and self.life.state is State.TRACING:
-            self.life.move(State.DONE)
+        if recorder.limit_reached and self.life.state is TRACING:
+            self.life.move(DONE)
             self.remove_instruments()
             self._drain()
             recorder.event(
@@ -301,17 +301,17 @@ class Session:
 
     def train_ended(self, epoch: Any = None) -> None:
         """Training finished normally: write what is pending; instruments off."""
-        if self.life.state in (State.TRACING, State.DONE):
+        if self.life.state in (TRACING, DONE):
             self._drain()
             self.write_input_record(epoch)
         self.remove_instruments()
-        if self.life.state is State.TRACING:
-            self.life.move(State.DONE)
+        if self.life.state is TRACING:
+            self.life.move(DONE)
 
     def failed(self, exception: BaseException) -> None:
         """The user's training raised: the open step is dropped, the file says why."""
         self.remove_instruments()
-        if self.recorder is None or self.life.state is State.IDLE:
+        if self.recorder is None or self.life.state is IDLE:
             return
         self.abandon_step()
         self._drain()
@@ -346,8 +346,8 @@ class Session:
         if sampler is not None:
             self.recorder.samples(list(sampler.stop()))
         self.recorder.finish()
-        if self.life.state is State.TRACING:
-            self.life.move(State.DONE)
+        if self.life.state is TRACING:
+            self.life.move(DONE)
 
     def finish_at_exit(self) -> None:
         """Interpreter exit with the file still open: the run ended without its teardown."""
@@ -379,10 +379,10 @@ class Session:
     def disable(self, reason: str) -> None:
         """Tracing off for this process: one warning, instruments removed, a note in the file."""
         self.remove_instruments()
-        if self.life.state in (State.DISABLED, State.UNSUPPORTED) or self._disabled_warned:
+        if self.life.state in (DISABLED, UNSUPPORTED) or self._disabled_warned:
             return
         self._disabled_warned = True
-        self.life.move(State.DISABLED)  # allowed from every state but the final ones
+        self.life.move(DISABLED)  # allowed from every state but the final ones
         if self.recorder is not None:
             self.recorder.status = schema.STATUS_DISABLED
         console.warn(f"tracing disabled: {reason}; training continues untraced", all_ranks=True)

@@ -13,7 +13,7 @@ from typing import Any
 from traceml import console, schema
 from traceml.capture import step_clock
 from traceml.capture.clock import clock_ns
-from traceml.capture.lifecycle import State
+from traceml.capture.lifecycle import DISABLED, READY, TRACING
 from traceml.capture.recorder import RankRecorder
 
 
@@ -33,7 +33,7 @@ def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: st
     recorder = RankRecorder(session.settings, rank_info)
     problem = recorder.open()
     if problem is not None:
-        session.life.move(State.DISABLED)
+        session.life.move(DISABLED)
         console.warn(f"{problem}; tracing disabled, training continues", all_ranks=True)
         return False
     session.recorder = recorder
@@ -43,7 +43,7 @@ def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: st
         return False
     if rank_info[schema.WORLD_SIZE] > 1:
         _prepare_comm_timing(session)
-    session.life.move(State.READY)
+    session.life.move(READY)
     return True
 
 
@@ -90,7 +90,7 @@ def start_session(
         from traceml.capture.run_end import announce_direct_launch
 
         announce_direct_launch(session.settings.run_dir)  # the launcher prints its own
-    session.life.move(State.TRACING)
+    session.life.move(TRACING)
 
 
 def _start_telemetry(session: Any, device: Any) -> None:

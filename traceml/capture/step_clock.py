@@ -53,7 +53,8 @@ def ns_to_ms(value: int | None) -> float | None:
     return None if value is None else value / NS_PER_MS
 
 
-@dataclass
+# slots: made and read on every step (no per-instance __dict__ to allocate).
+@dataclass(slots=True)
 class _Group:
     """Microbatches that feed one optimizer update."""
 
@@ -70,7 +71,7 @@ class _Group:
     comm_bytes: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Microbatch:
     forward_depth: int = 0
     forward_start_ns: int = 0

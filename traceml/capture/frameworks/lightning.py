@@ -31,7 +31,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.capture.guard import entry_point
-from traceml.capture.lifecycle import State
+from traceml.capture.lifecycle import IDLE, READY, TRACING
 from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
 from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
@@ -109,7 +109,7 @@ class StepTiming:
 
     @property
     def tracing(self) -> bool:
-        return self.session.life.state is State.TRACING
+        return self.session.life.state is TRACING
 
     def _entry_failed(self, name: str, exc: BaseException) -> None:
         self.session._entry_failed(name, exc)
@@ -118,7 +118,7 @@ class StepTiming:
 
     @entry_point("lightning.setup", "Lightning's setup hook (fit)")
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage != "fit" or self.session.life.state is not State.IDLE:
+        if stage != "fit" or self.session.life.state is not IDLE:
             return
         if _is_tuner_fit(trainer):
             return  # the tuner's own fit: stay idle for the training that follows
@@ -130,7 +130,7 @@ class StepTiming:
 
     @entry_point("lightning.on_train_start", "Lightning's on_train_start hook")
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.session.life.state is not State.READY:
+        if self.session.life.state is not READY:
             return
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
         if fetcher is None:
@@ -150,7 +150,7 @@ class StepTiming:
     @entry_point("lightning.on_train_epoch_start", "Lightning's on_train_epoch_start hook")
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # reload_dataloaders_every_n_epochs gives the loop a new fetcher: time that one.
-        if self.session.life.state is State.TRACING:
+        if self.session.life.state is TRACING:
             fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
             if fetcher is not None and fetcher is not self.instruments.fetcher:
                 self.instruments.instrument_fetcher(fetcher)
@@ -252,8 +252,8 @@ class StepTiming:
 
         session = self.session
         if session.input_timing is not None or session.life.state not in (
-            State.READY,
-            State.TRACING,
+            READY,
+            TRACING,
         ):
             return
         combined = getattr(trainer.fit_loop, "_combined_loader", None)

@@ -35,7 +35,7 @@ from traceml import schema
 from traceml.capture import claim
 from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
-from traceml.capture.lifecycle import State
+from traceml.capture.lifecycle import TRACING
 from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
@@ -105,7 +105,7 @@ class LoopCapture:
 
     @property
     def tracing(self) -> bool:
-        return self.session is not None and self.session.life.state is State.TRACING
+        return self.session is not None and self.session.life.state is TRACING
 
     # -- the session -----------------------------------------------------------------------
 
@@ -181,7 +181,7 @@ class LoopCapture:
         elif threading.get_ident() != self.thread:
             return False
         session = self.session
-        if session.life.state is not State.TRACING:
+        if session.life.state is not TRACING:
             return False
         if self._forward_depth == 0 and not self._backward_depth:
             self._microbatch_boundary(session)
