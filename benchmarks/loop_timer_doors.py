@@ -94,7 +94,39 @@ DOORS = {
 }
 
 
+def _door_times() -> None:
+    """DOOR_TIMES=1: every entry point made from now on (the Lightning side's, imported
+    after this) also keeps its own durations; at exit one line per door with 100+ calls."""
+    import atexit
+    import sys
+
+    guard = importlib.import_module("traceml.capture.guard")
+    times: dict[str, list[int]] = {}
+    guard.DOOR_TIMES = times
+    timed = "_g_owner.own_cost_ns += _g_clock() - _g_start"
+    if timed not in guard._BODY:
+        raise RuntimeError("the guard's body changed: DOOR_TIMES needs updating")
+    guard._BODY = guard._BODY.replace(
+        timed,
+        "_g_d = _g_clock() - _g_start\n"
+        "                        _g_owner.own_cost_ns += _g_d\n"
+        "                        _g_guard.DOOR_TIMES.setdefault(_g_name, []).append(_g_d)",
+    )
+    guard._factories.clear()
+
+    def report() -> None:
+        for name, values_ in sorted(times.items()):
+            if len(values_) >= 100:
+                values_.sort()
+                median = values_[len(values_) // 2]
+                print(f"DOOR_TIME {name} calls={len(values_)} p50_ns={median}", file=sys.stderr)
+
+    atexit.register(report)
+
+
 def install() -> None:
+    if os.environ.get("DOOR_TIMES"):
+        _door_times()
     wanted = [door for door in os.environ.get("BUDGET_OFF", "").split(",") if door]
     applied = []
     for door in wanted:

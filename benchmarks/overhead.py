@@ -15,9 +15,15 @@ traced variant per door with that door switched off (``loop_timer_doors.py``), a
 rotating order in every round; a door's cost is traced minus door-off, per batch, median over
 the rounds. Also prints the records' own ``traceml_us`` against the side-by-side total.
 
+``--clock instructions`` (with ``--budget``) counts instructions under callgrind instead of
+time (``callgrind_window.py``): the same every run, where this VM's clocks drift by +-30%.
+``--doors RUNS``: each entry point's own time per call (the guard's timer, kept per door).
+
     python benchmarks/overhead.py                 # full run (~10 minutes on 2 cores)
     python benchmarks/overhead.py --pairs 2 --skip-rfdetr   # quick look
     python benchmarks/overhead.py --budget --rounds 3       # the per-door table
+    python benchmarks/overhead.py --budget --clock instructions --rounds 1   # ~25 minutes
+    python benchmarks/overhead.py --doors 3                 # time inside each door
 """
 
 from __future__ import annotations
@@ -249,6 +255,42 @@ def print_budget(per_batch: dict[str, list[float]], own_us: float, rounds: int, 
     print(f"SUMMARY budget: stress {total:.1f} us/step added; traceml_us {own_us:.1f}")
 
 
+def doors(runs: int, batches: int) -> None:
+    """Where the time inside traceml goes: each entry point's own duration (the guard's
+    timer, kept per door by ``loop_timer_doors.py`` with DOOR_TIMES=1), median per call,
+    median over ``runs`` traced runs, against the records' ``traceml_us``. What no door sees
+    (Lightning's dispatch of the hooks, torch's hooked-module path) is in the side-by-side
+    total only."""
+    workload = {**STRESS, "TINY_BATCHES": batches}
+    per_door: dict[str, list[float]] = {}
+    calls: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="traceml-doors-") as tmp:
+        work = Path(tmp)
+        write_sitecustomize(work / "site")
+        for index in range(runs):
+            env = traced_env(work, f"d{index}", workload, DOOR_TIMES=1, PYTHONPATH=work / "site")
+            result = run([PYTHON, TINY], env, work)
+            shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
+            for line in result.stderr.splitlines():
+                if line.startswith("DOOR_TIME "):
+                    name, *fields = line.split()[1:]
+                    found = dict(field.split("=") for field in fields)
+                    per_door.setdefault(name, []).append(int(found["p50_ns"]) / 1000)
+                    calls[name] = int(found["calls"]) / batches
+        own_us = own_cost_us(work / "logs")
+    print(f"lightning-stress doors: {runs} traced runs, {batches} batches each")
+    print(f"  {'entry point':<36}{'calls/batch':>12}{'us per call (p50)':>19}{'us/batch':>10}")
+    total = 0.0
+    for name, values_ in sorted(per_door.items(), key=lambda kv: -statistics.median(kv[1])):
+        per_batch = statistics.median(values_) * calls[name]
+        total += per_batch
+        print(
+            f"  {name:<36}{calls[name]:>12.2f}{statistics.median(values_):>19.2f}{per_batch:>10.1f}"
+        )
+    print(f"  {'sum':<36}{'':>12}{'':>19}{total:>10.1f}")
+    print(f"  traceml_us in the records (median step): {own_us:.1f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=5)
@@ -257,6 +299,9 @@ def main() -> None:
     parser.add_argument("--stress-batches", type=int, default=3000)
     parser.add_argument("--budget", action="store_true", help="per-door table (stress only)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --budget")
+    parser.add_argument(
+        "--doors", type=int, default=0, metavar="RUNS", help="per-entry-point time, RUNS runs"
+    )
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu", "p25", "instructions"),
@@ -275,6 +320,9 @@ def main() -> None:
             parser.error("--clock instructions goes with --budget")
         CG["library"] = str(callgrind_window.build_library(Path(tempfile.mkdtemp())))
     print(f"clock: {args.clock} time of the loop body", flush=True)
+    if args.doors:
+        doors(args.doors, args.stress_batches)
+        return
     if args.budget:
         budget(args.rounds, args.stress_batches)
         return
