@@ -130,3 +130,20 @@ def test_a_forked_child_never_writes_the_parents_queue(tmp_path):
         time.sleep(0.01)
     sink.close()
     assert [r["step"] for r in lines_of(path)] == [0]  # once, by the parent
+
+
+def test_a_record_that_cannot_be_encoded_turns_the_sink_off_once(tmp_path, capsys):
+    # Records are encoded by the flusher (or at close), not by append: the failure is found
+    # there, the lines queued before it are dropped with it, and the caller learns it next.
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=60)
+    sink.open()
+    assert sink.write({"kind": "header"})
+    assert sink.append({"kind": "step", "bad": object()})
+    assert sink.flush() is False
+    assert not sink.is_open and sink.failed
+    assert sink.append({"kind": "step"}) is False
+    sink.close()
+    assert [r["kind"] for r in lines_of(path)] == ["header"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "training continues" in err
