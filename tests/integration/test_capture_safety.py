@@ -302,8 +302,10 @@ def test_lbfgs_closure_evaluations_are_forward_not_optimizer(tmp_path):
         assert step[schema.FORWARD] >= injected
     median = sorted(steps, key=lambda s: s[schema.FORWARD])[len(steps) // 2]
     assert median[schema.FORWARD] <= injected * 1.25
-    # None of them is in Optimizer or Residual (each would hold at least one 10 ms sleep;
-    # medians, so that one step descheduled on a busy machine does not decide).
+    # None of them is in Optimizer or Residual: each would then hold at least one whole 10 ms
+    # sleep on top of its own work. The bound leaves LBFGS its own work (4-6 ms a step on a
+    # slow 2-core runner: half a sleep was too tight there); medians, so that one step
+    # descheduled on a busy machine does not decide.
     for phase in (schema.OPTIMIZER, schema.RESIDUAL):
         values = sorted(s[phase] for s in steps)
-        assert values[len(values) // 2] < FORWARD_SLEEP_MS / 2, (phase, values)
+        assert values[len(values) // 2] < FORWARD_SLEEP_MS * 0.8, (phase, values)
