@@ -117,7 +117,7 @@ def factory(_g_function, _g_name, _g_default):
         try:
             if _g_guard._inject == _g_name:
                 raise _g_InjectedFault("fault injected into " + _g_name)
-            return _g_function({arguments})
+            return _g_function({params})
         except Exception as _g_exc:
             _g_failed(_g_owner, _g_name, _g_exc)
             return _g_default
@@ -131,7 +131,7 @@ def factory(_g_function, _g_name, _g_default):
                         pass
     return guarded
 """
-_factories: dict[tuple[str, str, str], Callable] = {}
+_factories: dict[tuple[str, str], Callable] = {}
 
 
 def _guarded_factory(function: Callable, owner_arg: int) -> Callable:
@@ -147,19 +147,18 @@ def _guarded_factory(function: Callable, owner_arg: int) -> Callable:
         # the body's own names start with _g_
         and not any(n.startswith("_g_") for n in code.co_varnames[: code.co_argcount + 1])
     )
+    # The parameter list, spelled the same in the wrapper's signature and in its call.
     if plain:
         names = list(code.co_varnames[: code.co_argcount])
-        params = arguments = ", ".join(names)
-        if code.co_flags & 0x04:  # *args
-            rest = code.co_varnames[code.co_argcount]
-            params = arguments = ", ".join([*names, "*" + rest])
+        rest = ["*" + code.co_varnames[code.co_argcount]] if code.co_flags & 0x04 else []  # *args
+        params = ", ".join([*names, *rest])
         owner = names[owner_arg] if 0 <= owner_arg < len(names) else "None"
     else:
-        params = arguments = "*args, **kwargs"
+        params = "*args, **kwargs"
         owner = "None"
         if owner_arg >= 0:
             owner = f"args[{owner_arg}] if len(args) > {owner_arg} else None"
-    key = (params, arguments, owner)
+    key = (params, owner)
     if key not in _factories:
         namespace = {
             "_g_clock": clock_ns,
@@ -169,7 +168,7 @@ def _guarded_factory(function: Callable, owner_arg: int) -> Callable:
             "_g_InjectedFault": InjectedFault,
             "_g_failed": failed,
         }
-        body = _BODY.format(params=params, arguments=arguments, owner=owner)
+        body = _BODY.format(params=params, owner=owner)
         exec(compile(body, f"<traceml guard ({params})>", "exec"), namespace)
         _factories[key] = namespace["factory"]
     return _factories[key]
