@@ -43,18 +43,26 @@ def _write() -> None:
 
 
 def _record() -> None:
-    """The step record not built: one record made at the first step is handed out again (a
-    copy, same size on the write), the step's accumulators just reset."""
+    """The step not closed: the step's accumulators just reset, and a record built once at the
+    first step handed out again (the flusher encodes it each time, as it would a new one)."""
     step_clock = importlib.import_module("traceml.capture.step_clock")
     original = step_clock.StepClock._close
     made: dict[str, Any] = {}
 
+    class Made:
+        __slots__ = ("extra",)
+
+        def __init__(self) -> None:
+            self.extra: dict[str, Any] = {}
+
+        def record(self) -> dict[str, Any]:
+            return {**made, **self.extra}
+
     def close(self, end_ns, optimizer_stepped, global_step, epoch):
         if not made:
-            made.update(original(self, end_ns, optimizer_stepped, global_step, epoch))
-            return dict(made)
+            made.update(original(self, end_ns, optimizer_stepped, global_step, epoch).record())
         self._group = None
-        return made.copy()
+        return Made()
 
     step_clock.StepClock._close = close
 

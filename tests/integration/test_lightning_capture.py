@@ -163,12 +163,12 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(
         "import traceml.capture.step_clock as c\n"
-        "original = c.StepClock.batch_ended\n"
+        "original = c.StepClock.batch_closed\n"
         "def broken(self, *args):\n"
         "    if self.steps_emitted >= 2:\n"
         "        raise ValueError('injected failure')\n"
         "    return original(self, *args)\n"
-        "c.StepClock.batch_ended = broken\n"
+        "c.StepClock.batch_closed = broken\n"
     )
     env = traced_env(
         tmp_path / "logs",

@@ -133,3 +133,19 @@ def test_abandon_drops_the_open_step():
     clock.abandon()
     assert clock.batch_ended(2 * MS) is None
     assert clock.epoch_ended(3 * MS) is None
+
+
+def test_a_closed_step_counts_its_overlap_when_its_record_is_built():
+    # The session's hot path closes steps (batch_closed) and the sink's flusher builds them:
+    # an overlap is counted then, once (the session flushes before it reads the count).
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 10 * MS)
+    clock.forward_started(5 * MS)  # a forward hook inside the fetch: phases overlap
+    clock.forward_ended(12 * MS)
+    clock.optimizer_started(12 * MS)
+    closed = clock.batch_closed(13 * MS, global_step=1, epoch=0)
+    assert clock.overlaps == 0 and clock.steps_emitted == 1
+    record = closed.record()
+    assert clock.overlaps == 1
+    assert record[schema.RESIDUAL] == 0.0 and record[schema.STEP] == 18.0
+    assert clock.batch_closed(14 * MS) is None  # no microbatch open

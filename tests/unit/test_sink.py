@@ -147,3 +147,60 @@ def test_a_record_that_cannot_be_encoded_turns_the_sink_off_once(tmp_path, capsy
     assert [r["kind"] for r in lines_of(path)] == ["header"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "training continues" in err
+
+
+def closed_steps(clock, count: int) -> list:
+    """``count`` steps closed by a real StepClock (a collective in each), records not built."""
+    from traceml import schema
+
+    steps = []
+    for i in range(count):
+        t0 = i * 10_000_000
+        clock.fetched(t0, t0 + 1_000_000)
+        clock.forward_started(t0 + 2_000_000)
+        clock.forward_ended(t0 + 4_000_000)
+        clock.backward_started(t0 + 4_500_000)
+        clock.collective(schema.BACKWARD, 700_000, nbytes=64)
+        clock.backward_ended(t0 + 7_000_000)
+        clock.optimizer_started(t0 + 7_100_000)
+        steps.append(clock.batch_closed(t0 + 9_000_000 + i, global_step=i + 1, epoch=0))
+    return steps
+
+
+def test_closed_steps_are_built_by_the_flusher_as_the_clock_would_build_them(tmp_path):
+    from traceml.capture.step_clock import StepClock
+
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=0.01)
+    sink.open()
+    queued = closed_steps(StepClock(origin_ns=0, comm_enabled=True), 5)
+    queued[2].extra["tu"] = 12.5  # the session's own fields ride along
+    for closed in queued:
+        assert sink.append(closed)
+    deadline = time.monotonic() + 10
+    while sink.writes == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sink.writes >= 1  # the flusher, not the caller, wrote them
+    sink.close()
+    eager = [c.record() for c in closed_steps(StepClock(origin_ns=0, comm_enabled=True), 5)]
+    eager[2]["tu"] = 12.5
+    assert lines_of(path) == [orjson.loads(orjson.dumps(r)) for r in eager]
+    assert lines_of(path)[3]["c"] == 0.7
+
+
+def test_a_closed_step_that_cannot_be_built_turns_the_sink_off_once(tmp_path, capsys):
+    class Broken:
+        def record(self):
+            raise ZeroDivisionError("a bug in the record")
+
+    path = tmp_path / "rank_0.jsonl"
+    sink = RankSink(path, flush_interval_s=60)
+    sink.open()
+    assert sink.write({"kind": "header"})
+    assert sink.append(Broken())
+    assert sink.flush() is False  # no traceback: one warning, the sink off
+    assert sink.append({"kind": "step"}) is False
+    sink.close()
+    assert [r["kind"] for r in lines_of(path)] == ["header"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ZeroDivisionError" in err and "training continues" in err

@@ -97,7 +97,7 @@ class RankRecorder:
         limit = self.settings.trace_max_steps
         return limit is not None and self.steps_written >= limit
 
-    def step(self, record: dict[str, Any]) -> bool:
+    def step(self, record: Any) -> bool:
         """Append one step record. False when the file can no longer be written (the sink has
         warned once); a record past ``trace_max_steps`` is dropped and counts as written."""
         if self.sink is None or self.footer_written:
@@ -105,16 +105,23 @@ class RankRecorder:
         if self.limit_reached:
             return True  # steps still queued for their CUDA events when the limit was reached
         written = self.sink.write_ns
-        cost = record.get(_COST_KEY)
+        # A dict (the CUDA path), or a closed step whose record the flusher builds (its
+        # session fields in ``extra``).
+        fields = record if isinstance(record, dict) else record.extra
+        cost = fields.get(_COST_KEY)
         if written != self._write_ns_counted and cost is not None:
             # The rank file is written on the flusher thread, outside every entry point: that
             # is traceml's cost too, counted with the step that follows it.
-            record[_COST_KEY] = round(cost + (written - self._write_ns_counted) / 1000.0, 1)
+            fields[_COST_KEY] = round(cost + (written - self._write_ns_counted) / 1000.0, 1)
             self._write_ns_counted = written
         if not self.sink.append(record):
             return False
         self.steps_written += 1
         return True
+
+    def flush(self) -> bool:
+        """Everything queued written now (its records built); False when the file is off."""
+        return self.sink is not None and self.sink.flush()
 
     # -- the end ---------------------------------------------------------------------------
 

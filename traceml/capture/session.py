@@ -42,6 +42,7 @@ from traceml.step_record import STEP_KEYS
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
 RSS_EVERY_NS = 10_000_000
+_EXITED_EARLY = "the process exited before training finished"
 
 
 class Session:
@@ -188,17 +189,17 @@ class Session:
         """A microbatch ended; it writes the step when it stepped the optimizer."""
         if self.life.state is TRACING and self.clock.in_microbatch:
             now = clock_ns()
-            record = self.clock.batch_ended(now, global_step, epoch)
-            if record is not None:
-                self._emit(record, now)
+            closed = self.clock.batch_closed(now, global_step, epoch)
+            if closed is not None:
+                self._emit(closed, now)
 
     def epoch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """Flush microbatches that never reached an optimizer step; the epoch's input record."""
         if self.life.state is TRACING:
             now = clock_ns()
-            record = self.clock.epoch_ended(now, global_step, epoch)
-            if record is not None:
-                self._emit(record, now)
+            closed = self.clock.epoch_closed(now, global_step, epoch)
+            if closed is not None:
+                self._emit(closed, now)
             self.write_input_record(epoch)
 
     def abandon_step(self) -> None:
@@ -218,14 +219,16 @@ class Session:
 
     # -- records ---------------------------------------------------------------------------
 
-    def _emit(self, record: dict[str, Any], now: int) -> None:
+    def _emit(self, closed: Any, now: int) -> None:
+        # ``closed``: a ClosedStep, whose record the flusher builds (the CUDA path, here).
         # About once a second the sampler has something queued; an attribute test otherwise.
         if self.telemetry is not None and self.telemetry.pending:
             self.recorder.samples(self.telemetry.collect())
+        extra = closed.extra
         # RSS (a procfs read, ~7 us): at most every RSS_EVERY_NS on short steps (null between).
         if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
             self._rss_at = now
-            record[_RSS_KEY] = self._rss()
+            extra[_RSS_KEY] = self._rss()
         cost = 0
         for owner in self.cost_owners:
             cost += owner.own_cost_ns
@@ -234,16 +237,17 @@ class Session:
         if self.input_timing is not None:  # num_workers=0: its doors run in this process
             cost += self.input_timing.own_cost_ns
         # Integer tenths of a us: round() runs dtoa, evicted from the caches by every step
-        record[_COST_KEY] = ((cost - self._cost_reported_ns + 50) // 100) / 10
+        extra[_COST_KEY] = ((cost - self._cost_reported_ns + 50) // 100) / 10
         self._cost_reported_ns = cost
         if self.gpu is not None:
+            record = closed.record()
             self.gpu.step_ended(record)
             for finished in self.gpu.ready():
                 self._write_step(finished)
         else:
-            self._write_step(record)
+            self._write_step(closed)
 
-    def _write_step(self, record: dict[str, Any]) -> None:
+    def _write_step(self, record: Any) -> None:
         recorder = self.recorder
         if recorder is None or self.life.state not in (TRACING, DONE):
             return
@@ -336,12 +340,10 @@ class Session:
                 last_words()
             except Exception:
                 pass
-        if self.clock is not None and self.clock.overlaps:
-            self.recorder.event(
-                "warning",
-                schema.EVENT_NOTE,
-                f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0",
-            )
+        # Flushed first: the flusher builds the queued steps' records and counts their overlaps.
+        if self.clock is not None and self.recorder.flush() and self.clock.overlaps:
+            note = f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0"
+            self.recorder.event("warning", schema.EVENT_NOTE, note)
         sampler, self.telemetry = self.telemetry, None
         if sampler is not None:
             self.recorder.samples(list(sampler.stop()))
@@ -366,9 +368,7 @@ class Session:
                 self.recorder.ended_by(exception)
         elif self.recorder.status is None:
             self.recorder.status = schema.STATUS_INTERRUPTED
-            self.recorder.error = (
-                self.recorder.error or "the process exited before training finished"
-            )
+            self.recorder.error = self.recorder.error or _EXITED_EARLY
         self.finish()
 
     # -- failure ---------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Why batched: one ``os.write`` per step was the largest single item of traceml's per-step cost
 on millisecond steps (a system call on a cold cache, every step). Step records and telemetry
-samples are queued as they are (``append``), and a daemon thread encodes and writes everything
+samples are queued as they are (``append``; a step as the clock's closed step, whose record is
+built on the flusher too: ``closed_step``), and a daemon thread encodes and writes everything
 queued, in order and in one ``os.write``, every ``FLUSH_INTERVAL_S``. Encoding on the flusher,
 not per step: between two steps the training evicts orjson's code from the CPU caches, and one
 ``orjson.dumps`` in the training loop measured 9-18 us (first call) against ~1 us for the next
@@ -89,8 +90,9 @@ class RankSink:
 
     # -- the two ways in -------------------------------------------------------------------
 
-    def append(self, record: dict[str, Any]) -> bool:
-        """Queue one record (steps, samples); the flusher encodes and writes it within the
+    def append(self, record: Any) -> bool:
+        """Queue one record (steps, samples): a dict, or an object whose ``record()`` makes one
+        (a closed step, ``closed_step``); the flusher builds, encodes and writes it within the
         interval. Returns False once the sink is off (it has warned once: a record that cannot
         be encoded turns it off too, from the flusher)."""
         if self._fd is None:
@@ -134,14 +136,19 @@ class RankSink:
             try:
                 while queue:  # deque.popleft is atomic: a record appended meanwhile stays queued
                     item = queue.popleft()
-                    chunks.append(item if type(item) is bytes else _dumps(item, option=_NEWLINE))
+                    if type(item) is bytes:
+                        chunks.append(item)
+                        continue
+                    if not isinstance(item, dict):
+                        item = item.record()  # a closed step (closed_step): built here, warm
+                    chunks.append(_dumps(item, option=_NEWLINE))
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 _write_all(fd, data)
-            except (TypeError, ValueError) as exc:  # a record orjson cannot encode
-                self._fail(str(exc), locked=True)
-                return False
             except OSError as exc:
                 self._fail(exc.strerror or str(exc), locked=True)
+                return False
+            except Exception as exc:  # a record that cannot be built or encoded
+                self._fail(f"{type(exc).__name__}: {exc}", locked=True)
                 return False
             finally:
                 self.write_ns += time.perf_counter_ns() - start

@@ -18,57 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceml import schema
-from traceml.step_record import STEP_KEYS, StepRecord
+from traceml.capture.closed_step import ClosedStep, Group
 
 NS_PER_MS = 1_000_000
-_StepRecord = StepRecord
-# Record keys are rank schema 2.0's short ones (STEP_KEYS); phases stay long names.
-_K = STEP_KEYS
-_KIND, _KIND_STEP, _STEP_INDEX = schema.KIND, schema.KIND_STEP, _K[schema.STEP_INDEX]
-_GLOBAL_STEP, _EPOCH, _MICROBATCHES = (
-    _K[schema.GLOBAL_STEP],
-    _K[schema.EPOCH],
-    _K[schema.MICROBATCHES],
-)
-_OPTIMIZER_STEPPED, _T_START, _GAP = (
-    _K[schema.OPTIMIZER_STEPPED],
-    _K[schema.T_START_MS],
-    _K[schema.GAP_MS],
-)
-_STEP, _INPUT_WAIT, _H2D = _K[schema.STEP], _K[schema.INPUT_WAIT], _K[schema.H2D]
-_FORWARD, _BACKWARD, _OPTIMIZER = _K[schema.FORWARD], _K[schema.BACKWARD], _K[schema.OPTIMIZER]
-_RESIDUAL = _K[schema.RESIDUAL]
-_COMM, _COMM_COUNT, _COMM_BYTES = _K[schema.COMM], _K[schema.COMM_COUNT], _K[schema.COMM_BYTES]
-_COMM_OF_PHASE = {phase: _K[name] for phase, name in schema.COMM_OF_PHASE.items()}
-_PHASE_NS = {
-    schema.INPUT_WAIT: "input_ns",
-    schema.H2D: "h2d_ns",
-    schema.FORWARD: "forward_ns",
-    schema.BACKWARD: "backward_ns",
-    schema.OPTIMIZER: "optimizer_ns",
-}
 
 
 def ns_to_ms(value: int | None) -> float | None:
     return None if value is None else value / NS_PER_MS
-
-
-# slots: made and read on every step (no per-instance __dict__ to allocate).
-@dataclass(slots=True)
-class _Group:
-    """Microbatches that feed one optimizer update."""
-
-    start_ns: int
-    microbatches: int = 0
-    input_ns: int = 0
-    h2d_ns: int | None = None
-    forward_ns: int | None = None
-    backward_ns: int | None = None
-    optimizer_ns: int | None = None
-    # Waits on other ranks, by the phase they fell in (see StepClock.collective).
-    comm_ns: dict[str, int] | None = None
-    comm_count: int = 0
-    comm_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -88,7 +44,7 @@ class _Microbatch:
 @dataclass
 class StepClock:
     origin_ns: int
-    _group: _Group | None = None
+    _group: Group | None = None
     _micro: _Microbatch | None = None
     _pending_iter: tuple[int, int] | None = None
     _last_end_ns: int | None = None
@@ -126,7 +82,7 @@ class StepClock:
             input_ns += iter_end - iter_start
             window_start = iter_start
         if self._group is None:
-            self._group = _Group(start_ns=window_start)
+            self._group = Group(start_ns=window_start)
         self._group.input_ns += input_ns
         self._micro = _Microbatch()
 
@@ -215,8 +171,23 @@ class StepClock:
     def batch_ended(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None
     ) -> dict[str, Any] | None:
-        """``on_train_batch_end``: returns the step record when this microbatch stepped the
-        optimizer (the end of an accumulation window), else None."""
+        """``on_train_batch_end``: the step record when this microbatch stepped the optimizer
+        (the end of an accumulation window), else None."""
+        closed = self.batch_closed(now_ns, global_step, epoch)
+        return None if closed is None else closed.record()
+
+    def epoch_ended(
+        self, now_ns: int, global_step: int | None = None, epoch: int | None = None
+    ) -> dict[str, Any] | None:
+        """Flush microbatches that never reached an optimizer step (nothing is dropped)."""
+        closed = self.epoch_closed(now_ns, global_step, epoch)
+        return None if closed is None else closed.record()
+
+    def batch_closed(
+        self, now_ns: int, global_step: int | None = None, epoch: int | None = None
+    ) -> ClosedStep | None:
+        """:meth:`batch_ended` without building the record (the session's hot path: the
+        sink's flusher builds it, ``closed_step``)."""
         micro, group = self._micro, self._group
         self._micro = None
         if micro is None or group is None:
@@ -228,10 +199,10 @@ class StepClock:
         group.optimizer_ns = (group.optimizer_ns or 0) + max(0, window)
         return self._close(now_ns, True, global_step, epoch)
 
-    def epoch_ended(
+    def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None
-    ) -> dict[str, Any] | None:
-        """Flush microbatches that never reached an optimizer step (nothing is dropped)."""
+    ) -> ClosedStep | None:
+        """:meth:`epoch_ended` without building the record."""
         self._micro = None
         self._pending_iter = None
         group = self._group
@@ -246,122 +217,18 @@ class StepClock:
         self._micro = None
         self._pending_iter = None
 
-    # -- record ----------------------------------------------------------------------------
-
     def _close(
         self, end_ns: int, optimizer_stepped: bool, global_step: int | None, epoch: int | None
-    ) -> dict[str, Any]:
-        # Runs once per optimizer step on the training thread: a copy of a prepared record and
-        # plain assignments (no helper calls), to keep traceml's per-step cost low.
+    ) -> ClosedStep:
         group = self._group
         assert group is not None
         self._group = None
-        step_ns = end_ns - group.start_ns
-        h2d, forward, backward, optimizer = (
-            group.h2d_ns,
-            group.forward_ns,
-            group.backward_ns,
-            group.optimizer_ns,
+        last_end, self._last_end_ns = self._last_end_ns, end_ns
+        index = self.steps_emitted
+        self.steps_emitted = index + 1
+        return ClosedStep(
+            self, group, end_ns, last_end, optimizer_stepped, global_step, epoch, index
         )
-        named_total = group.input_ns
-        for value in (h2d, forward, backward, optimizer):
-            if value is not None:
-                named_total += value
-        residual_ns = step_ns - named_total
-        if residual_ns < 0:
-            # Phases are disjoint by construction; a negative residual means two hooks
-            # overlapped (e.g. a re-entrant forward). Count it instead of hiding it.
-            self.overlaps += 1
-            residual_ns = 0
-            step_ns = named_total
-        last_end = self._last_end_ns
-        self._last_end_ns = end_ns
-        record = self._record(group, step_ns, last_end, optimizer_stepped, global_step, epoch)
-        if self.comm_enabled:
-            self._comm_fields(record, group, residual_ns)
-        self.steps_emitted += 1
-        return record
-
-    def _record(
-        self,
-        group: _Group,
-        step_ns: int,
-        last_end: int | None,
-        optimizer_stepped: bool,
-        global_step: int | None,
-        epoch: int | None,
-    ) -> dict[str, Any]:
-        """The step's record (its comm fields excepted)."""
-        h2d, forward, backward, optimizer = (
-            group.h2d_ns,
-            group.forward_ns,
-            group.backward_ns,
-            group.optimizer_ns,
-        )
-        # Only what was measured, in whole microseconds; MICROBATCHES and OPTIMIZER_STEPPED
-        # only when they differ from schema.STEP_DEFAULTS (about a third of the bytes of a
-        # record that spelled every field). Hot path: names bound at import, rounding inline.
-        input_us = (group.input_ns + 500) // 1000
-        h2d_us = None if h2d is None else (h2d + 500) // 1000
-        forward_us = None if forward is None else (forward + 500) // 1000
-        backward_us = None if backward is None else (backward + 500) // 1000
-        optimizer_us = None if optimizer is None else (optimizer + 500) // 1000
-        named_us = (
-            input_us + (h2d_us or 0) + (forward_us or 0) + (backward_us or 0) + (optimizer_us or 0)
-        )
-        step_us = (step_ns + 500) // 1000
-        residual_us = step_us - named_us
-        if residual_us < 0:  # rounding only: the overlap case was handled in ns above
-            step_us, residual_us = named_us, 0
-        record = _StepRecord()
-        record[_KIND] = _KIND_STEP
-        record[_STEP_INDEX] = self.steps_emitted
-        if global_step is not None:
-            record[_GLOBAL_STEP] = global_step
-        if epoch is not None:
-            record[_EPOCH] = epoch
-        if group.microbatches != 1:
-            record[_MICROBATCHES] = group.microbatches
-        if not optimizer_stepped:
-            record[_OPTIMIZER_STEPPED] = False
-        record[_T_START] = ((group.start_ns - self.origin_ns + 500) // 1000) / 1000.0
-        if last_end is not None:
-            record[_GAP] = ((group.start_ns - last_end + 500) // 1000) / 1000.0
-        record[_STEP] = step_us / 1000.0
-        record[_INPUT_WAIT] = input_us / 1000.0
-        if h2d_us is not None:
-            record[_H2D] = h2d_us / 1000.0
-        if forward_us is not None:
-            record[_FORWARD] = forward_us / 1000.0
-        if backward_us is not None:
-            record[_BACKWARD] = backward_us / 1000.0
-        if optimizer_us is not None:
-            record[_OPTIMIZER] = optimizer_us / 1000.0
-        record[_RESIDUAL] = residual_us / 1000.0
-        return record
-
-    @staticmethod
-    def _comm_fields(record: dict[str, Any], group: _Group, residual_ns: int) -> None:
-        total = 0
-        # Only the phases that waited (usually Backward): absent means 0 when COMM is present
-        # (schema.ZERO_WHEN_MEASURED).
-        for phase, ns in (group.comm_ns or {}).items():
-            fieldname = _COMM_OF_PHASE.get(phase)
-            if fieldname is None or ns <= 0:
-                continue
-            # A wait is inside its phase: never more than the phase itself (clock edges).
-            limit = (
-                residual_ns if phase == schema.RESIDUAL else getattr(group, _PHASE_NS[phase]) or 0
-            )
-            us = (min(ns, limit) + 500) // 1000
-            if us:
-                total += us
-                record[fieldname] = us / 1000.0
-        record[_COMM] = total / 1000.0
-        if group.comm_count:
-            record[_COMM_COUNT] = group.comm_count
-        if group.comm_bytes:
-            record[_COMM_BYTES] = group.comm_bytes
 
 
 def rss_reader():
