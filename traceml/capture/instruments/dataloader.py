@@ -326,12 +326,18 @@ class InputTiming:
             counters.first_start_ns = start
             counters.first_end_ns = end
         counters.last_end_ns = end
-        counters.publish(self.shared)
+        if counters.slot:  # a worker; the training process publishes its own slot when read
+            counters.publish(self.shared)
 
     # -- the main process ------------------------------------------------------------------
 
     def read_slots(self) -> dict[int, tuple[int, ...]]:
         """slot -> the SLOT_FIELDS of the process writing it (consistent reads only)."""
+        counters = self.counters
+        if counters is not None and counters.slot == 0:
+            # num_workers=0: this process's own loading, published now rather than per batch
+            # (three struct writes on a cold cache, every batch, for a once-an-epoch read).
+            counters.publish(self.shared)
         return input_counters.read_slots(self.shared)
 
     def epoch_record(self, epoch: Any) -> dict[str, Any] | None:
