@@ -36,6 +36,7 @@ class RankRecorder:
         self.header_written = False
         self.footer_written = False
         self.steps_written = 0
+        self.max_steps: int | None = settings.trace_max_steps
         self._write_ns_counted = 0  # the sink's write time already added to a step's cost
         self.status: str | None = None
         self.error: str | None = None
@@ -94,30 +95,35 @@ class RankRecorder:
 
     @property
     def limit_reached(self) -> bool:
-        limit = self.settings.trace_max_steps
-        return limit is not None and self.steps_written >= limit
+        return self.max_steps is not None and self.steps_written >= self.max_steps
 
     def step(self, record: Any) -> bool:
         """Append one step record. False when the file can no longer be written (the sink has
         warned once); a record past ``trace_max_steps`` is dropped and counts as written."""
-        if self.sink is None or self.footer_written:
+        # Once per step on the training thread: attribute tests only, no helper on the common
+        # path (each function a step touches runs on a cold cache).
+        sink = self.sink
+        if sink is None or self.footer_written:
             return False
-        if self.limit_reached:
+        if self.max_steps is not None and self.steps_written >= self.max_steps:
             return True  # steps still queued for their CUDA events when the limit was reached
-        written = self.sink.write_ns
+        if sink.write_ns != self._write_ns_counted:
+            self._count_write_time(record, sink.write_ns)
+        if not sink.append(record):
+            return False
+        self.steps_written += 1
+        return True
+
+    def _count_write_time(self, record: Any, written: int) -> None:
+        """The rank file is written on the flusher thread, outside every entry point: that is
+        traceml's cost too, counted with the step that follows it (about every 100 ms)."""
         # A dict (the CUDA path), or a closed step whose record the flusher builds (its
         # session fields in ``extra``).
         fields = record if isinstance(record, dict) else record.extra
         cost = fields.get(_COST_KEY)
-        if written != self._write_ns_counted and cost is not None:
-            # The rank file is written on the flusher thread, outside every entry point: that
-            # is traceml's cost too, counted with the step that follows it.
+        if cost is not None:
             fields[_COST_KEY] = round(cost + (written - self._write_ns_counted) / 1000.0, 1)
             self._write_ns_counted = written
-        if not self.sink.append(record):
-            return False
-        self.steps_written += 1
-        return True
 
     def flush(self) -> bool:
         """Everything queued written now (its records built); False when the file is off."""

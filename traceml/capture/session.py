@@ -187,7 +187,7 @@ class Session:
 
     def batch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """A microbatch ended; it writes the step when it stepped the optimizer."""
-        if self.life.state is TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING:  # no microbatch open: the clock returns None
             now = clock_ns()
             closed = self.clock.batch_closed(now, global_step, epoch)
             if closed is not None:
@@ -252,12 +252,12 @@ class Session:
         if recorder is None or self.life.state not in (TRACING, DONE):
             return
         if not recorder.step(record):
-            # The sink warned once already (full disk, deleted directory...).
-            self.life.move(DISABLED)
+            self.life.move(DISABLED)  # the sink warned once (full disk, deleted directory...)
             recorder.status = schema.STATUS_DISABLED
             self.remove_instruments()
             return
-        if recorder.limit_reached and self.life.state is TRACING:
+        limit = recorder.max_steps  # inline: once per step (recorder.limit_reached)
+        if limit is not None and recorder.steps_written >= limit and self.life.state is TRACING:
             self.life.move(DONE)
             self.remove_instruments()
             self._drain()
