@@ -34,6 +34,15 @@ def _count_launches() -> None:
 _count_launches()
 
 
+_SECONDS_BY_FILE: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
+    # Setup, call and teardown alike: a module-scoped fixture's trainings count where they run.
+    path = report.nodeid.split("::", 1)[0]
+    _SECONDS_BY_FILE[path] = _SECONDS_BY_FILE.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
     if _LAUNCHES:
         counts = ", ".join(
@@ -42,3 +51,8 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
         terminalreporter.write_line(
             f"processes launched by the tests: {sum(_LAUNCHES.values())} ({counts})"
         )
+    slowest = sorted(_SECONDS_BY_FILE.items(), key=lambda kv: -kv[1])[:12]
+    if slowest and slowest[0][1] >= 60:
+        terminalreporter.write_line("seconds per test file (setup, call and teardown):")
+        for path, seconds in slowest:
+            terminalreporter.write_line(f"  {seconds:8.1f}  {path}")
