@@ -10,6 +10,10 @@ A step spans from the training DataLoader fetch of its first microbatch (or, at 
 start, from the creation of the DataLoader iterator) to ``on_train_batch_end`` of its last
 microbatch. Time between steps (validation, checkpointing, epoch ends) is reported as the next
 step's ``gap_ms``, never inside a step.
+
+A step ends as a :class:`~traceml.capture.closed_step.ClosedStep` (``batch_closed``): the
+clock's raw integers, whose record (rounding, Residual, comm fields) the sink's flusher builds
+off the training thread; ``batch_ended`` returns the record at once.
 """
 
 from __future__ import annotations
