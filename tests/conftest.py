@@ -51,6 +51,10 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
         terminalreporter.write_line(
             f"processes launched by the tests: {sum(_LAUNCHES.values())} ({counts})"
         )
+    from procs import FIGURES
+
+    for figure in FIGURES:
+        terminalreporter.write_line(figure)
     slowest = sorted(_SECONDS_BY_FILE.items(), key=lambda kv: -kv[1])[:12]
     if slowest and slowest[0][1] >= 60:
         terminalreporter.write_line("seconds per test file (setup, call and teardown):")
