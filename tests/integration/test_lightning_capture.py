@@ -188,6 +188,37 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     assert records[-1]["status"] == "disabled"
 
 
+def test_a_step_record_that_cannot_be_made_disables_tracing_with_a_note_and_a_footer(tmp_path):
+    # The records are made on the sink's flusher thread (closed_step): a bug there drops that
+    # record alone and turns tracing off with one warning, the note and the footer still
+    # written; nothing reaches the training or prints a thread's traceback.
+    hooks = tmp_path / "inject"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import traceml.capture.closed_step as c\n"
+        "original = c.ClosedStep.record\n"
+        "def broken(self):\n"
+        "    if self.index == 2:\n"
+        "        raise ZeroDivisionError('injected into a record')\n"
+        "    return original(self)\n"
+        "c.ClosedStep.record = broken\n"
+    )
+    env = traced_env(tmp_path / "logs", "r", TINY_BATCHES=8, PYTHONPATH=hooks)
+    result = run([PYTHON, TINY], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert tiny_result(result.stdout)["global_step"] == 8
+    assert "Traceback" not in result.stderr, result.stderr
+    warnings = warning_lines(result.stderr)
+    assert len(warnings) == 1, warnings
+    assert "tracing disabled: a step record could not be made" in warnings[0]
+    assert "ZeroDivisionError: injected into a record" in warnings[0]
+    records = rank_records(tmp_path / "logs" / "r")
+    indexes = [s[schema.STEP_INDEX] for s in steps_of(records)]
+    assert indexes[:2] == [0, 1] and 2 not in indexes
+    assert any(r.get("code") == "disabled" for r in records)
+    assert records[-1]["kind"] == "footer" and records[-1]["status"] == "disabled"
+
+
 def test_unwritable_logs_dir_warns_and_trains(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("a file where the logs dir should be")

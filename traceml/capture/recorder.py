@@ -125,6 +125,11 @@ class RankRecorder:
             fields[_COST_KEY] = round(cost + (written - self._write_ns_counted) / 1000.0, 1)
             self._write_ns_counted = written
 
+    @property
+    def bad_record(self) -> str | None:
+        """Why a queued record could not be made (the sink dropped it), or None."""
+        return self.sink.bad_record if self.sink is not None else None
+
     def flush(self) -> bool:
         """Everything queued written now (its records built); False when the file is off."""
         return self.sink is not None and self.sink.flush()

@@ -6,11 +6,10 @@ step clock (``step_clock``), the device timer (``cuda_timing``), the comm timer
 (``instruments.distributed``), telemetry, worker-side input timing, and the rank file
 (``recorder``). Its parts are typed in ``session_parts``.
 
-Lifecycle (``lifecycle``): :meth:`open` (rank file, unsupported checks: READY),
-:meth:`start` (clock and parts: TRACING), the boundaries, then :meth:`train_ended`,
-:meth:`failed` or :meth:`finish_at_exit`. Boundaries are plain methods, cheap, and only
-honoured while a microbatch is open; the adapter's own hooks are the guarded entry points
-(``guard``), and their failures reach :meth:`disable` through the adapter.
+Lifecycle (``lifecycle``): :meth:`open` (READY), :meth:`start` (TRACING), the boundaries
+(plain, cheap methods), then :meth:`train_ended`, :meth:`failed` or :meth:`finish_at_exit`.
+The adapter's hooks are the guarded entry points (``guard``); their failures reach
+:meth:`disable` through the adapter.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import suppress
 from typing import Any
 
 from traceml import console, schema
@@ -220,7 +220,7 @@ class Session:
     # -- records ---------------------------------------------------------------------------
 
     def _emit(self, closed: Any, now: int) -> None:
-        # ``closed``: a ClosedStep, whose record the flusher builds (the CUDA path, here).
+        # ``closed``: a ClosedStep, whose record the flusher builds (on the CUDA path, here).
         # About once a second the sampler has something queued; an attribute test otherwise.
         if self.telemetry is not None and self.telemetry.pending:
             self.recorder.samples(self.telemetry.collect())
@@ -252,6 +252,9 @@ class Session:
         if recorder is None or self.life.state not in (TRACING, DONE):
             return
         if not recorder.step(record):
+            if recorder.bad_record is not None:  # the flusher could not make one: file open
+                self.disable(f"a step record could not be made ({recorder.bad_record})")
+                return
             self.life.move(DISABLED)  # the sink warned once (full disk, deleted directory...)
             recorder.status = schema.STATUS_DISABLED
             self.remove_instruments()
@@ -336,12 +339,12 @@ class Session:
         if not self.recorder.header_written:
             self.write_header(timing="host")
         for last_words in self.before_finish:
-            try:
+            with suppress(Exception):
                 last_words()
-            except Exception:
-                pass
-        # Flushed first: the flusher builds the queued steps' records and counts their overlaps.
-        if self.clock is not None and self.recorder.flush() and self.clock.overlaps:
+        # Flushed first: the queued steps' records made, their overlaps counted, a bad one known.
+        if self.recorder.flush() and self.recorder.bad_record is not None:
+            self.disable(f"a step record could not be made ({self.recorder.bad_record})")
+        if self.clock is not None and self.clock.overlaps:
             note = f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0"
             self.recorder.event("warning", schema.EVENT_NOTE, note)
         sampler, self.telemetry = self.telemetry, None
@@ -358,10 +361,8 @@ class Session:
         self.remove_instruments()
         if self.clock is not None:
             self.clock.abandon()
-        try:
+        with suppress(Exception):
             self._drain()
-        except Exception:
-            pass
         exception = getattr(sys, "last_value", None)  # the script's uncaught exception, if any
         if self.recorder.status is None and self.ends_at_exit:
             if exception is not None:
@@ -386,13 +387,11 @@ class Session:
         if self.recorder is not None:
             self.recorder.status = schema.STATUS_DISABLED
         console.warn(f"tracing disabled: {reason}; training continues untraced", all_ranks=True)
-        try:
+        with suppress(Exception):
             if self.recorder is not None and not self.recorder.header_written:
                 self.write_header(timing="host")
             if self.recorder is not None:
                 self.recorder.event("warning", schema.EVENT_DISABLED, reason)
-        except Exception:
-            pass
 
     def remove_instruments(self) -> None:
         """Take everything installed away (idempotent; each undo runs even if one fails)."""

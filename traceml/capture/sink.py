@@ -19,8 +19,10 @@ all reach :meth:`close`, which writes everything. At worst the last line is cut 
 reducer tolerates that). A forked child (DataLoader workers) never writes its copy of the queue.
 
 Fail-open: an unwritable directory or a full disk turns the sink off with one warning, from
-whichever thread hit it; callers see ``False`` from their next call and keep training. No
-memory-mapped file: a full disk would then be a SIGBUS inside training.
+whichever thread hit it; callers see ``False`` from their next call and keep training. A
+queued record that cannot be built or encoded (a traceml bug) is dropped alone: the file stays
+open, and ``append`` says ``False`` so that the session turns tracing off with its own note and
+footer. No memory-mapped file: a full disk would then be a SIGBUS inside training.
 """
 
 from __future__ import annotations
@@ -56,14 +58,19 @@ class RankSink:
         self._fd: int | None = None
         self.failed: str | None = None
         # Encoded lines (bytes) and records still to encode (dicts), in file order.
-        self._queue: collections.deque[bytes | dict[str, Any]] = collections.deque()
+        self._queue: collections.deque[Any] = collections.deque()  # bytes, dicts, closed steps
         # One writer at a time (the flusher, or a caller writing at once): lines stay in order.
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._pid = os.getpid()
-        # Time spent writing, in whichever thread wrote (part of traceml's own cost).
+        # Time the flusher thread spent building, encoding and writing (traceml's own cost,
+        # outside every entry point).
         self.write_ns = 0
+        # Why a queued record could not be built or encoded (a traceml bug), if one could not:
+        # it was dropped, the file stays open for the owner's note and footer, and ``append``
+        # says False from then on, so the owner turns tracing off.
+        self.bad_record: str | None = None
         self.writes = 0
 
     def open(self) -> None:
@@ -93,8 +100,8 @@ class RankSink:
     def append(self, record: Any) -> bool:
         """Queue one record (steps, samples): a dict, or an object whose ``record()`` makes one
         (a closed step, ``closed_step``); the flusher builds, encodes and writes it within the
-        interval. Returns False once the sink is off (it has warned once: a record that cannot
-        be encoded turns it off too, from the flusher)."""
+        interval. Returns False once the sink is off (it has warned once) or a record could not
+        be built or encoded (``bad_record``: the owner says so)."""
         if self._fd is None:
             return False
         queue = self._queue
@@ -103,7 +110,7 @@ class RankSink:
             self._start_flusher()
         elif len(queue) >= MAX_QUEUED:
             self.flush()
-        return self._fd is not None
+        return self._fd is not None and self.bad_record is None
 
     def write(self, record: dict[str, Any]) -> bool:
         """Write one record now, after everything queued (headers, events, footers).
@@ -139,19 +146,23 @@ class RankSink:
                     if type(item) is bytes:
                         chunks.append(item)
                         continue
-                    if not isinstance(item, dict):
-                        item = item.record()  # a closed step (closed_step): built here, warm
-                    chunks.append(_dumps(item, option=_NEWLINE))
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                _write_all(fd, data)
+                    try:
+                        if not isinstance(item, dict):
+                            item = item.record()  # a closed step (closed_step): built here, warm
+                        chunks.append(_dumps(item, option=_NEWLINE))
+                    except Exception as exc:  # a traceml bug: that record only is dropped
+                        if self.bad_record is None:
+                            self.bad_record = f"{type(exc).__name__}: {exc}"
+                if chunks:
+                    _write_all(fd, chunks[0] if len(chunks) == 1 else b"".join(chunks))
             except OSError as exc:
                 self._fail(exc.strerror or str(exc), locked=True)
                 return False
-            except Exception as exc:  # a record that cannot be built or encoded
-                self._fail(f"{type(exc).__name__}: {exc}", locked=True)
-                return False
             finally:
-                self.write_ns += time.perf_counter_ns() - start
+                # The flusher's time only: a caller's flush runs inside one of its entry points,
+                # whose own timer has it already.
+                if threading.current_thread() is self._flusher:
+                    self.write_ns += time.perf_counter_ns() - start
                 self.writes += 1
         return True
 
