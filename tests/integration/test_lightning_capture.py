@@ -157,19 +157,30 @@ def test_evaluation_after_training_adds_no_steps(tmp_path):
     assert [r["kind"] for r in records].count("footer") == 1
 
 
-def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
-    # A sitecustomize on the path breaks the clock after two steps, as a traceml bug would.
+def break_method(tmp_path, module: str, method: str, when: str, error: str):
+    """A directory for PYTHONPATH whose sitecustomize makes ``module``'s ``Class.method`` raise
+    ``error`` whenever ``when`` holds, as a traceml bug would; it runs as usual otherwise."""
     hooks = tmp_path / "inject"
     hooks.mkdir()
+    cls, name = method.split(".")
     (hooks / "sitecustomize.py").write_text(
-        "import traceml.capture.step_clock as c\n"
-        "original = c.StepClock.batch_closed\n"
+        f"import {module} as m\n"
+        f"original = m.{cls}.{name}\n"
         "def broken(self, *args):\n"
-        "    if self.steps_emitted >= 2:\n"
-        "        raise ValueError('injected failure')\n"
+        f"    if {when}:\n"
+        f"        raise {error}\n"
         "    return original(self, *args)\n"
-        "c.StepClock.batch_closed = broken\n"
+        f"m.{cls}.{name} = broken\n"
     )
+    return hooks
+
+
+def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
+    # A sitecustomize on the path breaks the clock after two steps, as a traceml bug would.
+    hooks = break_method(
+        tmp_path, "traceml.capture.step_clock", "StepClock.batch_closed",
+        "self.steps_emitted >= 2", "ValueError('injected failure')",
+    )  # fmt: skip
     env = traced_env(
         tmp_path / "logs",
         "b",
@@ -192,17 +203,10 @@ def test_a_step_record_that_cannot_be_made_disables_tracing_with_a_note_and_a_fo
     # The records are made on the sink's flusher thread (closed_step): a bug there drops that
     # record alone and turns tracing off with one warning, the note and the footer still
     # written; nothing reaches the training or prints a thread's traceback.
-    hooks = tmp_path / "inject"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(
-        "import traceml.capture.closed_step as c\n"
-        "original = c.ClosedStep.record\n"
-        "def broken(self):\n"
-        "    if self.index == 2:\n"
-        "        raise ZeroDivisionError('injected into a record')\n"
-        "    return original(self)\n"
-        "c.ClosedStep.record = broken\n"
-    )
+    hooks = break_method(
+        tmp_path, "traceml.capture.closed_step", "ClosedStep.record",
+        "self.index == 2", "ZeroDivisionError('injected into a record')",
+    )  # fmt: skip
     env = traced_env(tmp_path / "logs", "r", TINY_BATCHES=8, PYTHONPATH=hooks)
     result = run([PYTHON, TINY], env, tmp_path)
     assert result.returncode == 0, result.stderr

@@ -36,7 +36,6 @@ class RankRecorder:
         self.header_written = False
         self.footer_written = False
         self.steps_written = 0
-        self.max_steps: int | None = settings.trace_max_steps
         self._write_ns_counted = 0  # the sink's write time already added to a step's cost
         self.status: str | None = None
         self.error: str | None = None
@@ -95,17 +94,16 @@ class RankRecorder:
 
     @property
     def limit_reached(self) -> bool:
-        return self.max_steps is not None and self.steps_written >= self.max_steps
+        limit = self.settings.trace_max_steps
+        return limit is not None and self.steps_written >= limit
 
     def step(self, record: Any) -> bool:
         """Append one step record. False when the file can no longer be written (the sink has
         warned once); a record past ``trace_max_steps`` is dropped and counts as written."""
-        # Once per step on the training thread: attribute tests only, no helper on the common
-        # path (each function a step touches runs on a cold cache).
         sink = self.sink
         if sink is None or self.footer_written:
             return False
-        if self.max_steps is not None and self.steps_written >= self.max_steps:
+        if self.limit_reached:
             return True  # steps still queued for their CUDA events when the limit was reached
         if sink.write_ns != self._write_ns_counted:
             self._count_write_time(record, sink.write_ns)

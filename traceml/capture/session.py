@@ -259,8 +259,7 @@ class Session:
             recorder.status = schema.STATUS_DISABLED
             self.remove_instruments()
             return
-        limit = recorder.max_steps  # inline: once per step (recorder.limit_reached)
-        if limit is not None and recorder.steps_written >= limit and self.life.state is TRACING:
+        if recorder.limit_reached and self.life.state is TRACING:
             self.life.move(DONE)
             self.remove_instruments()
             self._drain()
