@@ -36,47 +36,40 @@ def totals(records):
     }
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_slow_getitem_is_attributed_to_the_dataset(tmp_path, workers):
-    records = inputs_of(tmp_path, IP_NUM_WORKERS=workers, IP_GETITEM_SLEEP_MS=SLEEP_MS)
+# (workers, start method): in the training process; forked workers (Linux's default);
+# spawned and forkserver workers, which unpickle the dataset, time their own copy (the
+# worker_init_fn wrapper) and report through a file-backed map, removed at the end.
+PIPELINES = [(0, None), (2, None), (2, "spawn"), (2, "forkserver")]
+
+
+@pytest.mark.parametrize(
+    ("workers", "method"), PIPELINES, ids=["0", "2-fork", "2-spawn", "2-forkserver"]
+)
+def test_a_slow_getitem_and_a_slow_collate_are_each_attributed(tmp_path, workers, method):
+    # Both slow in one run, by different amounts: a swap, or either leaking into the other,
+    # takes one of them outside its 10%. (One run per pipeline: issue 21, suite time.)
+    getitem_ms, collate_ms = SLEEP_MS, 1.5 * SLEEP_MS
+    shm = Path("/dev/shm")
+    before = set(shm.glob("traceml-input-*")) if shm.is_dir() else set()
+    context = {"IP_MP_CONTEXT": method} if method else {}
+    records = inputs_of(
+        tmp_path,
+        IP_NUM_WORKERS=workers,
+        IP_GETITEM_SLEEP_MS=getitem_ms,
+        IP_COLLATE_SLEEP_MS=collate_ms,
+        **context,
+    )
     assert [r["num_workers"] for r in records] == [workers]
+    if method:
+        assert records[0]["start_method"] == method
+    if workers:
+        assert sorted(p["worker"] for p in records[0]["producers"]) == [0, 1]
     sums = totals(records)
     assert sums["batches"] == 6 and sums["samples"] == 12
     per_sample = sums["getitem_ms"] / sums["samples"]
-    assert SLEEP_MS <= per_sample <= 1.10 * SLEEP_MS, per_sample
-    assert sums["collate_ms"] / sums["batches"] < 0.10 * SLEEP_MS
-    if workers:
-        assert sorted(p["worker"] for p in records[0]["producers"]) == [0, 1]
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_slow_collate_is_attributed_to_collate(tmp_path, workers):
-    records = inputs_of(tmp_path, IP_NUM_WORKERS=workers, IP_COLLATE_SLEEP_MS=SLEEP_MS)
-    sums = totals(records)
+    assert getitem_ms <= per_sample <= 1.10 * getitem_ms, per_sample
     per_batch = sums["collate_ms"] / sums["batches"]
-    assert SLEEP_MS <= per_batch <= 1.10 * SLEEP_MS, per_batch
-    assert sums["getitem_ms"] / sums["samples"] < 0.10 * SLEEP_MS
-
-
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_spawned_workers_are_timed_too(tmp_path, method):
-    # Spawned workers unpickle the dataset: they time their own copy (the worker_init_fn
-    # wrapper) and report through a file-backed map, removed at the end.
-    shm = Path("/dev/shm")
-    before = set(shm.glob("traceml-input-*")) if shm.is_dir() else set()
-    records = inputs_of(
-        tmp_path,
-        IP_NUM_WORKERS=2,
-        IP_MP_CONTEXT=method,
-        IP_GETITEM_SLEEP_MS=SLEEP_MS,
-        IP_COLLATE_SLEEP_MS=SLEEP_MS,
-    )
-    assert [(r["num_workers"], r["start_method"]) for r in records] == [(2, method)]
-    assert sorted(p["worker"] for p in records[0]["producers"]) == [0, 1]
-    sums = totals(records)
-    assert sums["batches"] == 6 and sums["samples"] == 12
-    assert SLEEP_MS <= sums["getitem_ms"] / sums["samples"] <= 1.10 * SLEEP_MS
-    assert SLEEP_MS <= sums["collate_ms"] / sums["batches"] <= 1.10 * SLEEP_MS
+    assert collate_ms <= per_batch <= 1.10 * collate_ms, per_batch
     after = set(shm.glob("traceml-input-*")) if shm.is_dir() else set()
     assert after <= before
 

@@ -160,23 +160,23 @@ def test_lightning_straggler_is_named_with_its_phase(tmp_path, where, phase):
     assert_straggler(summary, phase, 40.0)
 
 
-def test_lightning_balanced_and_comm_bound(tmp_path):
-    balanced = tiny(tmp_path, "balanced")
+def report_of(run_dir, tmp_path) -> dict:
+    """``traceml report`` on a copy of a finished run: its summary, with the text as ``_text``."""
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir / "ranks", copy / "ranks")
+    report = run([PYTHON, "-m", "traceml", "report", copy], clean_env(), tmp_path)
+    assert report.returncode == 0, report.stderr
+    summary = json.loads((copy / "final_summary.json").read_text())
+    summary["_text"] = report.stdout
+    return summary
+
+
+def test_lightning_balanced_and_comm_bound(tmp_path, direct_ddp_run):
+    # The balanced run is the shared direct launch (tests/integration/conftest.py): the same
+    # 20 ms steps as tiny() above, 40 per rank.
+    balanced = report_of(direct_ddp_run.run_dir, tmp_path)
     assert verdict(balanced, "STRAGGLER") is None, balanced["_text"]
     assert verdict(balanced, "COMM_BOUND") is None, balanced["_text"]
     slow_network = tiny(tmp_path, "comm", TINY_COMM_DELAY_MS=20)
     assert verdict(slow_network, "COMM_BOUND") is not None, slow_network["_text"]
     assert verdict(slow_network, "STRAGGLER") is None, slow_network["_text"]
-
-
-def test_single_process_has_no_comm_timing(tmp_path):
-    env = traced_env(
-        tmp_path / "logs",
-        "single",
-        TINY_VALIDATE=0,
-    )
-    result = run([PYTHON, TINY], env, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = rank_records(tmp_path / "logs" / "single")
-    assert records[0].get(schema.COMM_TIMING) is None
-    assert all(r[schema.COMM] is None for r in steps_of(records))

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from procs import BIN, PYTHON, TINY, clean_env, only_run_dir, rank_records, run, steps_of, traceml
+from procs import PYTHON, TINY, clean_env, only_run_dir, rank_records, run, steps_of, traceml
 
 
 @pytest.fixture
@@ -74,8 +74,9 @@ def test_single_process_run(tmp_path, tiny):
     assert manifest["versions"]["torch"]
 
 
-def test_module_launch_and_no_report(tmp_path, tiny):
-    env = clean_env(TINY_BATCHES=3, TINY_VALIDATE=0, PYTHONPATH=tmp_path)
+def test_module_launch_no_report_and_the_exit_code(tmp_path, tiny):
+    # The script's sys.exit(3) after training is the launch's exit code.
+    env = clean_env(TINY_BATCHES=3, TINY_VALIDATE=0, TINY_EXIT_CODE=3, PYTHONPATH=tmp_path)
     result = run(
         traceml(
             "run",
@@ -90,7 +91,7 @@ def test_module_launch_and_no_report(tmp_path, tiny):
         env,
         tmp_path,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 3, result.stderr
     assert "Verdict:" not in result.stdout
     assert len(steps_of(rank_records(tmp_path / "logs" / "mod"))) == 3
 
@@ -100,19 +101,19 @@ def test_script_that_raises_after_three_steps(tmp_path, tiny):
     result = run(
         traceml("run", tiny, "--logs-dir", tmp_path / "logs", "--run-name", "boom"), env, tmp_path
     )
+    # The user's exception passes through with its traceback and exit code.
     assert result.returncode == 1
-    assert "RuntimeError: tiny_lightning: failing on purpose" in result.stderr
+    assert "RuntimeError: tiny_lightning: failing on purpose at batch 4" in result.stderr
+    assert "Traceback" in result.stderr
+    records = rank_records(tmp_path / "logs" / "boom")
+    assert len(steps_of(records)) == 3
+    assert records[-1]["status"] == "exception"
+    assert "failing on purpose" in records[-1]["error"]
     summary = json.loads((tmp_path / "logs" / "boom" / "final_summary.json").read_text())
     assert summary["status"] == "failed"
     assert summary["steps_recorded"] == 3
     assert "training failed after 3 steps" in result.stdout
     assert "the script exited with code 1" in result.stdout
-
-
-def test_sys_exit_code_passes_through(tmp_path, tiny):
-    env = clean_env(TINY_BATCHES=2, TINY_VALIDATE=0, TINY_EXIT_CODE=3)
-    result = run(traceml("run", tiny, "--logs-dir", tmp_path / "logs"), env, tmp_path)
-    assert result.returncode == 3
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -173,19 +174,9 @@ def test_two_ranks_under_traceml_run(tmp_path, tiny):
     assert_no_orphans(tmp_path)
 
 
-def test_direct_torchrun_launch(tmp_path, tiny):
-    env = clean_env(
-        TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TINY_BATCHES=12, TINY_VALIDATE=0
-    )
-    result = run(
-        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", tiny],
-        env,
-        tmp_path,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path / "logs")  # one run directory for both ranks
-    assert run_dir.name.startswith("tiny_lightning-")
+def test_direct_torchrun_launch(direct_ddp_run):
+    result, run_dir = direct_ddp_run.result, direct_ddp_run.run_dir
+    assert run_dir.name.startswith("tiny_lightning-")  # one run directory for both ranks
     assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0.jsonl", "rank_1.jsonl"]
     combined = result.stdout + result.stderr
     assert combined.count("Verdict:") == 1  # printed once, by rank 0

@@ -44,19 +44,26 @@ def assert_adds_up(step):
 
 @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
 def test_one_record_per_optimizer_step_and_phases_add_up(tmp_path, package):
-    result, run_dir = traced(tmp_path, TINY_PACKAGE=package, TINY_BATCHES=10, TINY_EPOCHS=2)
+    # An evaluation after training (trainer.validate) adds no steps and no second footer.
+    result, run_dir = traced(
+        tmp_path, TINY_PACKAGE=package, TINY_BATCHES=10, TINY_EPOCHS=2, TINY_VALIDATE_AFTER=1
+    )
     assert result.returncode == 0, result.stderr
     lightning = tiny_result(result.stdout)
     assert lightning["traceml_callbacks"] == 1
     records = rank_records(run_dir)
     assert records[0]["kind"] == "header" and records[-1]["kind"] == "footer"
     assert records[-1]["status"] == "completed"
+    assert [r["kind"] for r in records].count("footer") == 1
     steps = steps_of(records)
     # Sanity checks and validation (2 batches each epoch) add nothing.
     assert len(steps) == lightning["global_step"] == 20
     assert [s["global_step"] for s in steps] == list(range(1, 21))
     assert records[-1]["steps"] == 20
+    # One process: no communication to time (distributed runs: test_distributed.py).
+    assert records[0].get(schema.COMM_TIMING) is None
     for step in steps:
+        assert step[schema.COMM] is None
         for fieldname in schema.TIMED_FIELDS:
             assert step[fieldname] is not None, fieldname
         for fieldname in (*schema.GPU_FIELDS, schema.MEM_PEAK_ALLOCATED, schema.MEM_PEAK_RESERVED):
@@ -81,27 +88,10 @@ def test_gradient_accumulation(tmp_path):
         assert_adds_up(step)
 
 
-def test_input_wait_matches_an_injected_dataloader_delay(tmp_path):
-    result, run_dir = traced(tmp_path, TINY_BATCHES=14, TINY_FETCH_SLEEP_MS=40, TINY_VALIDATE=0)
-    assert result.returncode == 0, result.stderr
-    steady = steps_of(rank_records(run_dir))[2:]
-    median = sorted(s[schema.INPUT_WAIT] for s in steady)[len(steady) // 2]
-    assert 40.0 <= median <= 44.0  # within 10% of the injected 40 ms
-    assert all(s[schema.FORWARD] < 20 for s in steady)
-
-
-def test_forward_matches_an_injected_forward_delay(tmp_path):
-    result, run_dir = traced(tmp_path, TINY_BATCHES=14, TINY_FORWARD_SLEEP_MS=40, TINY_VALIDATE=0)
-    assert result.returncode == 0, result.stderr
-    steady = steps_of(rank_records(run_dir))[2:]
-    median = sorted(s[schema.FORWARD] for s in steady)[len(steady) // 2]
-    assert 40.0 <= median <= 44.0
-    assert all(s[schema.INPUT_WAIT] < 20 for s in steady)
-
-
 def test_trace_max_steps_records_the_first_steps_and_training_goes_on(tmp_path):
-    result, run_dir = traced(tmp_path, TINY_BATCHES=12, TRACEML_TRACE_MAX_STEPS=2)
-    assert result.returncode == 0, result.stderr
+    # The script's own exit code (3, after training) passes through as well.
+    result, run_dir = traced(tmp_path, TINY_BATCHES=12, TRACEML_TRACE_MAX_STEPS=2, TINY_EXIT_CODE=3)
+    assert result.returncode == 3, result.stderr
     records = rank_records(run_dir)
     assert len(steps_of(records)) == 2
     assert tiny_result(result.stdout)["global_step"] == 12
@@ -147,14 +137,6 @@ def test_sigkill_keeps_every_completed_step(tmp_path):
     )
     assert report.returncode == 0, report.stderr
     assert "no footer" in report.stdout
-
-
-def test_evaluation_after_training_adds_no_steps(tmp_path):
-    result, run_dir = traced(tmp_path, TINY_BATCHES=6, TINY_VALIDATE_AFTER="1")
-    assert result.returncode == 0, result.stderr
-    records = rank_records(run_dir)
-    assert len(steps_of(records)) == 6
-    assert [r["kind"] for r in records].count("footer") == 1
 
 
 def break_method(tmp_path, module: str, method: str, when: str, error: str):
@@ -233,17 +215,6 @@ def test_unwritable_logs_dir_warns_and_trains(tmp_path):
     assert len(warnings) == 1 and "cannot create" in warnings[0]
 
 
-def test_user_exception_passes_through_with_its_traceback(tmp_path):
-    result, run_dir = traced(tmp_path, TINY_BATCHES=10, TINY_RAISE_AFTER=3)
-    assert result.returncode == 1
-    assert "RuntimeError: tiny_lightning: failing on purpose at batch 4" in result.stderr
-    assert "Traceback" in result.stderr
-    records = rank_records(run_dir)
-    assert len(steps_of(records)) == 3
-    assert records[-1]["status"] == "exception"
-    assert "failing on purpose" in records[-1]["error"]
-
-
 def test_direct_launch_prints_the_report_at_exit(tmp_path):
     env = clean_env(
         TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TINY_BATCHES=14, TINY_VALIDATE=0
@@ -254,11 +225,6 @@ def test_direct_launch_prints_the_report_at_exit(tmp_path):
     run_dir = next((tmp_path / "logs").iterdir())
     assert run_dir.name.startswith("tiny_lightning-")
     assert (run_dir / "final_summary.json").is_file()
-
-
-def test_exit_code_passes_through(tmp_path):
-    result, _ = traced(tmp_path, TINY_BATCHES=3, TINY_EXIT_CODE=3)
-    assert result.returncode == 3
 
 
 def test_init_twice_gives_one_callback_and_conflicts_are_errors(tmp_path):

@@ -15,20 +15,15 @@ from traceml import schema
 from traceml.analysis.partials import reduce_node
 from traceml.analysis.reduce import reduce_run
 
-from procs import BIN, PYTHON, TINY, clean_env, run, traced_env
+from procs import PYTHON, clean_env, run
 
 WARMUP = 3
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("partials")
-    env = traced_env(tmp / "logs", "ddp", TINY_VALIDATE=0, TINY_BATCHES=80, TINY_STEP_SLEEP_MS=5)
-    result = run(
-        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", TINY], env, tmp, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return tmp / "logs" / "ddp"
+def real_run(direct_ddp_run):
+    """A real direct torchrun launch (shared, tests/integration/conftest.py): 40 steps per rank."""
+    return direct_ddp_run.run_dir
 
 
 def relabelled(real_run, target, node_of_rank):

@@ -110,11 +110,10 @@ def test_import_alone_changes_nothing_and_the_wrapper_looks_like_the_original(tm
         "signature equal: True",
         "doc equal: True",
     ]
-    plain = run([PYTHON, "-c", "import rfdetr"], clean_env(), tmp_path)
-    traced = run([PYTHON, "-c", "import rfdetr"], clean_env(TRACEML="1"), tmp_path)
-    assert traced.returncode == plain.returncode == 0
-    assert traced.stdout == plain.stdout
-    assert "traceml" not in traced.stderr
+    # The traced imports printed nothing of their own (stdout is exactly the lines above),
+    # said nothing and created no logs directory. (Separate `import rfdetr` runs, plain and
+    # traced, proved no more and cost two RF-DETR imports: issue 21.)
+    assert "traceml" not in result.stderr
     assert not (tmp_path / "logs").exists()
 
 
