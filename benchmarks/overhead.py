@@ -17,13 +17,16 @@ the rounds. Also prints the records' own ``traceml_us`` against the side-by-side
 
 ``--clock instructions`` (with ``--budget``) counts instructions under callgrind instead of
 time (``callgrind_window.py``): the same every run, where this VM's clocks drift by +-30%.
-``--doors RUNS``: each entry point's own time per call (the guard's timer, kept per door).
+``--doors RUNS``: each entry point's own time per call (the guard's timer, kept per door);
+with ``--floor``, the same doors with only a list append behind each (what any clock behind
+these doors cannot go below).
 
     python benchmarks/overhead.py                 # full run (~10 minutes on 2 cores)
     python benchmarks/overhead.py --pairs 2 --skip-rfdetr   # quick look
     python benchmarks/overhead.py --budget --rounds 3       # the per-door table
     python benchmarks/overhead.py --budget --clock instructions --rounds 1   # ~25 minutes
     python benchmarks/overhead.py --doors 3                 # time inside each door
+    python benchmarks/overhead.py --doors 3 --floor         # ... with nothing behind them
 """
 
 from __future__ import annotations
@@ -255,7 +258,7 @@ def print_budget(per_batch: dict[str, list[float]], own_us: float, rounds: int, 
     print(f"SUMMARY budget: stress {total:.1f} us/step added; traceml_us {own_us:.1f}")
 
 
-def doors(runs: int, batches: int) -> None:
+def doors(runs: int, batches: int, floor: bool = False) -> None:
     """Where the time inside traceml goes: each entry point's own duration (the guard's
     timer, kept per door by ``loop_timer_doors.py`` with DOOR_TIMES=1), median per call,
     median over ``runs`` traced runs, against the records' ``traceml_us``. What no door sees
@@ -268,7 +271,10 @@ def doors(runs: int, batches: int) -> None:
         work = Path(tmp)
         write_sitecustomize(work / "site")
         for index in range(runs):
-            env = traced_env(work, f"d{index}", workload, DOOR_TIMES=1, PYTHONPATH=work / "site")
+            extra = {"DOOR_FLOOR": 1} if floor else {}
+            env = traced_env(
+                work, f"d{index}", workload, DOOR_TIMES=1, PYTHONPATH=work / "site", **extra
+            )
             result = run([PYTHON, TINY], env, work)
             shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
             for line in result.stderr.splitlines():
@@ -278,7 +284,8 @@ def doors(runs: int, batches: int) -> None:
                     per_door.setdefault(name, []).append(int(found["p50_ns"]) / 1000)
                     calls[name] = int(found["calls"]) / batches
         own_us = own_cost_us(work / "logs")
-    print(f"lightning-stress doors: {runs} traced runs, {batches} batches each")
+    what = " with nothing behind them (--floor)" if floor else ""
+    print(f"lightning-stress doors{what}: {runs} traced runs, {batches} batches each")
     print(f"  {'entry point':<36}{'calls/batch':>12}{'us per call (p50)':>19}{'us/batch':>10}")
     total = 0.0
     for name, values_ in sorted(per_door.items(), key=lambda kv: -statistics.median(kv[1])):
@@ -288,7 +295,8 @@ def doors(runs: int, batches: int) -> None:
             f"  {name:<36}{calls[name]:>12.2f}{statistics.median(values_):>19.2f}{per_batch:>10.1f}"
         )
     print(f"  {'sum':<36}{'':>12}{'':>19}{total:>10.1f}")
-    print(f"  traceml_us in the records (median step): {own_us:.1f} us")
+    if not floor:  # the floor's runs record no steps
+        print(f"  traceml_us in the records (median step): {own_us:.1f} us")
 
 
 def main() -> None:
@@ -301,6 +309,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --budget")
     parser.add_argument(
         "--doors", type=int, default=0, metavar="RUNS", help="per-entry-point time, RUNS runs"
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --doors: each door with only a list append behind it (the doors' own floor)",
     )
     parser.add_argument(
         "--clock",
@@ -321,7 +334,7 @@ def main() -> None:
         CG["library"] = str(callgrind_window.build_library(Path(tempfile.mkdtemp())))
     print(f"clock: {args.clock} time of the loop body", flush=True)
     if args.doors:
-        doors(args.doors, args.stress_batches)
+        doors(args.doors, args.stress_batches, args.floor)
         return
     if args.budget:
         budget(args.rounds, args.stress_batches)
