@@ -1,10 +1,11 @@
 """Attribution on real Lightning: a known delay injected into each phase shows up in that phase
-(within 10% or 5 ms, whichever is larger) and in no other.
+(within 10%) and in no other.
 
 One traced training carries a delay in all five phases at once, each of a different size, so
 a phase's time leaking into another, or two phases swapped, puts one of them outside its own
-tolerance (a leak of 5 ms fails, where separate runs with idle neighbours allowed up to 20 ms).
-One run instead of five: issue 21 (suite time), each run costs a Lightning import.
+10% (5-9 ms here; separate runs with idle neighbours allowed up to 20 ms in a neighbour).
+One run instead of five: issue 21 (suite time), each run costs a Lightning import. A phase
+delayed while every other is idle: the straggler cases in test_distributed.py.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from traceml import schema
 
 from procs import PYTHON, TINY, rank_records, run, steps_of, traced_env
 
-# (the tiny script's knob, the phase it delays, the delay in ms): 10 ms apart, more than
-# twice any tolerance, so a swap cannot pass.
+# (the tiny script's knob, the phase it delays, the delay in ms): 10 ms apart, more than any
+# phase's 10%, so a swap cannot pass.
 DELAYS = [
-    ("TINY_FETCH_SLEEP_MS", schema.INPUT_WAIT, 30.0),
-    ("TINY_TRANSFER_SLEEP_MS", schema.H2D, 40.0),
-    ("TINY_FORWARD_SLEEP_MS", schema.FORWARD, 50.0),
-    ("TINY_BACKWARD_SLEEP_MS", schema.BACKWARD, 60.0),
-    ("TINY_OPTIMIZER_SLEEP_MS", schema.OPTIMIZER, 70.0),
+    ("TINY_FETCH_SLEEP_MS", schema.INPUT_WAIT, 50.0),
+    ("TINY_TRANSFER_SLEEP_MS", schema.H2D, 60.0),
+    ("TINY_FORWARD_SLEEP_MS", schema.FORWARD, 70.0),
+    ("TINY_BACKWARD_SLEEP_MS", schema.BACKWARD, 80.0),
+    ("TINY_OPTIMIZER_SLEEP_MS", schema.OPTIMIZER, 90.0),
 ]
 # What the tiny model costs in the residual (loss, Lightning's loop) without any delay, at
 # most (ms, 1 CPU thread).
@@ -30,7 +31,7 @@ UNDELAYED_MS = 20.0
 
 
 def tolerance(delay_ms: float) -> float:
-    return max(0.10 * delay_ms, 5.0)
+    return 0.10 * delay_ms
 
 
 def median(values):

@@ -1,6 +1,7 @@
 """The input pipeline's breakdown on real Lightning (issue 16): an injected slow __getitem__ is
-attributed to the dataset and a slow collate_fn to collate, within 10%, with 0 and 2 workers;
-non-persistent workers' start-up is measured at every epoch."""
+attributed to the dataset and a slow collate_fn to collate, within 10%, in the training process
+and with 2 forked, spawned and forkserver workers; non-persistent workers' start-up is measured
+at every epoch."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def totals(records):
     }
 
 
-# (workers, start method): in the training process; forked workers (Linux's default);
-# spawned and forkserver workers, which unpickle the dataset, time their own copy (the
-# worker_init_fn wrapper) and report through a file-backed map, removed at the end.
-PIPELINES = [(0, None), (2, None), (2, "spawn"), (2, "forkserver")]
+# (workers, start method): in the training process; forked workers (named: Python 3.14's
+# default is forkserver); spawned and forkserver workers, which unpickle the dataset, time
+# their own copy (the worker_init_fn wrapper) and report through a file-backed map, removed
+# at the end.
+PIPELINES = [(0, None), (2, "fork"), (2, "spawn"), (2, "forkserver")]
 
 
 @pytest.mark.parametrize(
@@ -60,7 +62,7 @@ def test_a_slow_getitem_and_a_slow_collate_are_each_attributed(tmp_path, workers
         **context,
     )
     assert [r["num_workers"] for r in records] == [workers]
-    if method:
+    if workers:
         assert records[0]["start_method"] == method
     if workers:
         assert sorted(p["worker"] for p in records[0]["producers"]) == [0, 1]
