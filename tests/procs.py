@@ -75,6 +75,11 @@ def traceml(*args: str) -> list[str]:
     return [str(BIN / "traceml"), *args]
 
 
+def torchrun_2(script: object, *args: object) -> list[object]:
+    """``torchrun --standalone --nproc-per-node 2 script args...``: 2 gloo ranks on this host."""
+    return [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", script, *args]
+
+
 def rank_records(run_dir: Path, rank: int = 0) -> list[dict]:
     """Every record of a rank file; a compact step record (rank schema 1.3) reads every field,
     null where unmeasured, as the reducer reads it."""

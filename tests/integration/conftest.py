@@ -46,7 +46,7 @@ def direct_ddp_run(tmp_path_factory) -> DirectDDPRun:
     torchrun costs three Lightning imports)."""
     import shutil
 
-    from procs import BIN, TINY, clean_env, only_run_dir, run
+    from procs import TINY, clean_env, only_run_dir, run, torchrun_2
 
     tmp = tmp_path_factory.mktemp("direct_ddp")
     script = tmp / TINY.name
@@ -58,8 +58,6 @@ def direct_ddp_run(tmp_path_factory) -> DirectDDPRun:
         TINY_BATCHES=80,
         TINY_STEP_SLEEP_MS=20,
     )
-    result = run(
-        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", script], env, tmp, timeout=600
-    )
+    result = run(torchrun_2(script), env, tmp, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return DirectDDPRun(result, only_run_dir(tmp / "logs"))

@@ -16,7 +16,16 @@ import pytest
 
 from traceml import schema
 
-from procs import BIN, PYTHON, SCRIPTS, clean_env, rank_records, run, steps_of, traced_env
+from procs import (
+    PYTHON,
+    SCRIPTS,
+    clean_env,
+    rank_records,
+    run,
+    steps_of,
+    torchrun_2,
+    traced_env,
+)
 
 LOOP = SCRIPTS / "plain_loop.py"
 HF = SCRIPTS / "hf_trainer.py"
@@ -172,7 +181,7 @@ def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
         LOOP_SLOW_FORWARD_MS=40,
     )
     result = run(
-        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", LOOP],
+        torchrun_2(LOOP),
         env,
         tmp_path,
         timeout=300,
@@ -215,9 +224,7 @@ def test_a_ddp_hugging_face_trainer_names_the_straggler_and_its_phase(tmp_path):
         HF_SLOW_RANK=1,
         HF_SLOW_FORWARD_MS=40,
     )
-    result = run(
-        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", HF], env, tmp_path, timeout=300
-    )
+    result = run(torchrun_2(HF), env, tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "logs" / "hfddp"
     assert_rank_1_is_the_forward_straggler(run_dir, tmp_path, steps=16, integration="hf_trainer")

@@ -16,7 +16,16 @@ import pytest
 
 from traceml import schema
 
-from procs import BIN, PYTHON, SCRIPTS, clean_env, rank_records, run, steps_of, traced_env
+from procs import (
+    PYTHON,
+    SCRIPTS,
+    clean_env,
+    rank_records,
+    run,
+    steps_of,
+    torchrun_2,
+    traced_env,
+)
 
 RFD_DDP = SCRIPTS / "rfdetr_ddp.py"
 TINY = SCRIPTS / "tiny_lightning.py"
@@ -44,18 +53,21 @@ def torchrun_traced(tmp_path, name: str, script, **extra) -> dict:
         **extra,
     )
     result = run(
-        [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", script],
+        torchrun_2(script),
         env,
         tmp_path,
         timeout=600,
     )
     shutil.rmtree(tmp_path / "work", ignore_errors=True)  # RF-DETR checkpoints
     assert result.returncode == 0, result.stderr[-4000:]
-    report = run(
-        [PYTHON, "-m", "traceml", "report", tmp_path / "logs" / name], clean_env(), tmp_path
-    )
+    return reported(tmp_path / "logs" / name, tmp_path)
+
+
+def reported(run_dir, cwd) -> dict:
+    """``traceml report`` on a run directory: its summary, with the report's text as ``_text``."""
+    report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), cwd)
     assert report.returncode == 0, report.stderr
-    summary = json.loads((tmp_path / "logs" / name / "final_summary.json").read_text())
+    summary = json.loads((run_dir / "final_summary.json").read_text())
     summary["_text"] = report.stdout
     return summary
 
@@ -164,11 +176,7 @@ def report_of(run_dir, tmp_path) -> dict:
     """``traceml report`` on a copy of a finished run: its summary, with the text as ``_text``."""
     copy = tmp_path / run_dir.name
     shutil.copytree(run_dir / "ranks", copy / "ranks")
-    report = run([PYTHON, "-m", "traceml", "report", copy], clean_env(), tmp_path)
-    assert report.returncode == 0, report.stderr
-    summary = json.loads((copy / "final_summary.json").read_text())
-    summary["_text"] = report.stdout
-    return summary
+    return reported(copy, tmp_path)
 
 
 def test_lightning_balanced_and_comm_bound(tmp_path, direct_ddp_run):

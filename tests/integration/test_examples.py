@@ -13,7 +13,7 @@ import pytest
 
 from traceml import schema
 
-from procs import BIN, EXAMPLE, clean_env, run, traceml
+from procs import EXAMPLE, clean_env, run, torchrun_2, traceml
 
 CI_SIZE = ["--resolution", "64", "--no-pretrained", "--accelerator", "cpu"]
 
@@ -102,10 +102,9 @@ def test_direct_ddp_example_with_three_epochs_gives_a_verdict(tmp_path):
         TMPDIR=tmp_path,
     )  # fmt: skip
     result = run(
-        [
-            BIN / "torchrun", "--standalone", "--nproc-per-node", "2", EXAMPLE, "--demo",
-            "--output-dir", tmp_path / "out", "--epochs", "3", *CI_SIZE,
-        ],
+        torchrun_2(
+            EXAMPLE, "--demo", "--output-dir", tmp_path / "out", "--epochs", "3", *CI_SIZE
+        ),
         env,
         tmp_path,
         timeout=900,

@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from procs import BIN, PYTHON, SCRIPTS, TINY, clean_env, run
+from procs import PYTHON, SCRIPTS, TINY, clean_env, run, torchrun_2
 
 RFDETR_TRAIN = SCRIPTS / "rfdetr_train.py"
 JOBS = int(os.environ.get("FAULT_SUITE_JOBS", "2"))
@@ -236,7 +236,7 @@ def launch(launcher: str, workdir: Path, *, traced: bool, **extra) -> Outcome:
         settings.update(TRACEML="1", TRACEML_RUN_NAME="fault")
     env = clean_env(**settings, **LAUNCHERS[launcher], **extra)
     if launcher == "torchrun":
-        command = [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", TINY]
+        command = torchrun_2(TINY)
     elif launcher in SCRIPT_OF:
         command = [PYTHON, SCRIPT_OF[launcher]]
     elif launcher == "rfdetr":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import BIN, PYTHON, SCRIPTS, clean_env, run, traced_env
+from procs import PYTHON, SCRIPTS, clean_env, run, torchrun_2, traced_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHTNING = SCRIPTS / "transparency_lightning.py"
@@ -150,7 +150,7 @@ class Runs:
         else:
             env = clean_env(**{k: str(v) for k, v in extra.items()})
         if group == "ddp":
-            args = [BIN / "torchrun", "--standalone", "--nproc-per-node", "2", DDP]
+            args = torchrun_2(DDP)
         elif group == "rfdetr":
             args = [PYTHON, RFDETR]
         else:
