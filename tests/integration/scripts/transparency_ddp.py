@@ -130,3 +130,8 @@ if __name__ == "__main__":
     out = os.path.join(os.environ.get("TR_OUT", "."), f"outcome-rank{rank}.json")
     with open(out, "w") as file:
         json.dump(outcome, file, sort_keys=True)
+    # Tear the process group down before exit, traced and untraced alike: left to interpreter
+    # shutdown, gloo's threads sometimes abort the process ("terminate called without an active
+    # exception"), an exit code that is neither run's doing.
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
