@@ -110,8 +110,6 @@ SCENARIOS: dict[str, Scenario] = {
     "lightning.setup": scenario("plain", None),
     "lightning.on_train_start": scenario("plain"),
     "lightning.on_train_epoch_start": scenario("plain"),
-    "lightning.on_before_backward": scenario("plain"),
-    "lightning.on_after_backward": scenario("plain"),
     "lightning.on_before_optimizer_step": scenario("plain"),
     "lightning.on_train_batch_end": scenario("plain"),
     "lightning.on_train_epoch_end": scenario("plain"),
@@ -122,6 +120,8 @@ SCENARIOS: dict[str, Scenario] = {
     "lightning.fetcher_next": scenario("plain"),
     "lightning.batch_to_device": scenario("plain"),
     "lightning.batch_transferred": scenario("plain"),
+    "lightning.backward_started": scenario("plain"),
+    "lightning.backward_ended": scenario("plain"),
     "lightning.forward_pre_hook": scenario("plain"),
     "lightning.forward_hook": scenario("plain"),
     # Worker-side input timing; with num_workers=0 its doors run in the training process.
@@ -371,7 +371,9 @@ def test_every_lightning_hook_of_the_callback_is_an_entry_point(package):
         and inspect.isfunction(getattr(callback_api, name, None))
     }
     # Sanity: the overrides the step timing depends on are found at all.
-    assert {"setup", "on_train_start", "on_before_backward", "on_train_batch_end"} <= set(hooks)
+    assert {"setup", "on_train_start", "on_before_optimizer_step", "on_train_batch_end"} <= set(
+        hooks
+    )
     undecorated = sorted(
         name for name, hook in hooks.items() if not hasattr(hook, "traceml_entry_point")
     )

@@ -9,7 +9,8 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
     optimizer.step(closure):
         closure: training_step         -> Forward = the traced module's forward hooks;
                                           loss and matching stay in Residual
-                 zero_grad, on_before_backward -> backward -> on_after_backward   -> Backward
+                 zero_grad, strategy.backward (on_before_backward, loss.backward,
+                                   on_after_backward)   -> Backward (an instance-level wrapper)
         on_before_optimizer_step, clipping, the update                          -> Optimizer
     lr schedulers, on_train_batch_end  (callbacks before this one are in Optimizer)
 
@@ -96,6 +97,9 @@ class StepTiming:
     # this callback has no use for are None, so they cost the training loop nothing.
     on_train_batch_start = None
     on_before_zero_grad = None
+    # Backward is timed by a wrapper of the strategy's backward (lightning_instruments).
+    on_before_backward = None
+    on_after_backward = None
     on_validation_batch_start = None
     on_validation_batch_end = None
     on_test_batch_start = None
@@ -155,14 +159,6 @@ class StepTiming:
             if fetcher is not None and fetcher is not self.instruments.fetcher:
                 self.instruments.instrument_fetcher(fetcher)
 
-    @entry_point("lightning.on_before_backward", "Lightning's on_before_backward hook")
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        self.session.backward_started()
-
-    @entry_point("lightning.on_after_backward", "Lightning's on_after_backward hook")
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        self.session.backward_ended()
-
     @entry_point("lightning.on_before_optimizer_step", "Lightning's on_before_optimizer_step")
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self.session.optimizer_started()
@@ -207,6 +203,14 @@ class StepTiming:
     @entry_point("lightning.batch_transferred", "after the strategy's batch transfer")
     def transferred(self, start: int) -> None:
         self.session.transferred(start)
+
+    @entry_point("lightning.backward_started", "before the strategy's backward")
+    def backward_started(self) -> None:
+        self.session.backward_started()
+
+    @entry_point("lightning.backward_ended", "after the strategy's backward")
+    def backward_ended(self) -> None:
+        self.session.backward_ended()
 
     @entry_point("lightning.forward_pre_hook", "the traced module's forward pre-hook")
     def forward_pre_hook(self, _module: Any, _inputs: Any) -> None:

@@ -222,7 +222,7 @@ class BucketTiming:
 
     @entry_point("distributed.backward_finished", "the bucket timer, at the end of backward")
     def backward_finished(self) -> None:
-        """End of backward (``on_after_backward``): charge the buckets' exposed wait."""
+        """End of backward (the strategy's ``backward`` returned): charge the exposed wait."""
         if not self._bucket_count:
             return
         last_done = max(self._bucket_done, default=None)
