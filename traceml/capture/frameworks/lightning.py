@@ -200,6 +200,11 @@ class StepTiming:
     def transfer_started(self) -> int | None:
         return self.session.transfer_started()
 
+    def transfer_needs_start(self) -> bool:
+        """Whether the transfer needs a door before it: a CUDA event to record, or collectives
+        that a transfer could run, counted as H2D (else its start is a clock read)."""
+        return self.session.gpu is not None or self.session.comm is not None
+
     @entry_point("lightning.batch_transferred", "after the strategy's batch transfer")
     def transferred(self, start: int) -> None:
         self.session.transferred(start)
