@@ -1,9 +1,9 @@
 """Never break the user's training, by construction: every place user code calls into traceml.
 
 Training code reaches traceml through a few doors: Lightning's callback hooks, the module
-forward hooks, the DataLoader-fetch and batch-transfer wrappers, the collective and DDP-hook
-wrappers, the import hooks, ``init()`` and the exit handler. Each door is a function decorated
-with :func:`entry_point`, which
+forward hooks, the DataLoader-fetch, batch-transfer and backward wrappers, the collective and
+DDP-hook wrappers, the import hooks, ``init()`` and the exit handler. Each door is a function
+decorated with :func:`entry_point`, which
 
 * registers its name in :data:`ENTRY_POINTS` (the fault-injection suite enumerates them, and a
   test fails when a door exists that is not registered);
@@ -14,12 +14,13 @@ with :func:`entry_point`, which
   per-step "traceml's own cost" figure).
 
 One mechanism for every place that sits between the user's call and the user's code (the
-``Trainer.fit`` wrapper, the fetch and transfer wrappers, the collective wrappers, the
+``Trainer.fit`` wrapper, the fetch, transfer and backward wrappers, the collective wrappers, the
 DataLoader's iterator and fetcher, the import finder, loader and hook runner): the wrapper
 never calls the user's function inside a guarded function. It calls a guarded "before" and a
 guarded "after" (an :func:`entry_point`, or :func:`guarded_call` for a door registered by name)
-around the delegation, so a failure in traceml's part still runs the user's code exactly once
-and the user's exceptions reach the user unchanged. The fault-injection suite breaks each one.
+around the delegation (or only the "after", where the "before" would only read the clock), so
+a failure in traceml's part still runs the user's code exactly once and the user's exceptions
+reach the user unchanged. The fault-injection suite breaks each one.
 
 ``TRACEML_FAULT_INJECT=<entry point>`` (tests only) makes that door raise, to prove the above.
 """
