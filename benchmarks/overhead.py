@@ -171,6 +171,12 @@ def write_sitecustomize(folder: Path) -> None:
     )
 
 
+def with_site(site: Path) -> str:
+    """PYTHONPATH with the sitecustomize folder first and the caller's own after it (a
+    PYTHONPATH=<checkout> names the traceml being measured, e.g. an older commit's)."""
+    return os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
     """Every variant once per round, in an order rotated each round; medians per batch.
     ``only``: the variants to run (plain, traced, off:<door>), default all of them."""
@@ -190,7 +196,9 @@ def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
                 elif name == "traced":
                     env = traced_env(work, run_name, workload)
                 else:
-                    env = traced_env(work, run_name, workload, BUDGET_OFF=name[4:], PYTHONPATH=site)
+                    env = traced_env(
+                        work, run_name, workload, BUDGET_OFF=name[4:], PYTHONPATH=with_site(site)
+                    )
                 seconds, count = loop_seconds(TINY, env, work)
                 per_batch[name].append(seconds / count * 1e6)
             print(
@@ -277,7 +285,12 @@ def doors(runs: int, batches: int, floor: bool = False) -> None:
         for index in range(runs):
             extra = {"DOOR_FLOOR": 1} if floor else {}
             env = traced_env(
-                work, f"d{index}", workload, DOOR_TIMES=1, PYTHONPATH=work / "site", **extra
+                work,
+                f"d{index}",
+                workload,
+                DOOR_TIMES=1,
+                PYTHONPATH=with_site(work / "site"),
+                **extra,
             )
             result = run([PYTHON, TINY], env, work)
             shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
