@@ -124,8 +124,10 @@ SCENARIOS: dict[str, Scenario] = {
     "lightning.batch_transferred": scenario("plain"),
     "lightning.backward_started": scenario("plain"),
     "lightning.backward_ended": scenario("plain"),
-    "lightning.forward_pre_hook": scenario("plain"),
-    "lightning.forward_hook": scenario("plain"),
+    "lightning.forward_timed": scenario("plain"),
+    # The forward's two-door timing: where a CUDA event or a collective needs a door before.
+    "lightning.forward_started": scenario("torchrun"),
+    "lightning.forward_ended": scenario("torchrun"),
     # Worker-side input timing; with num_workers=0 its doors run in the training process.
     "dataloader.install": scenario("plain"),
     "dataloader.iterator": scenario("plain"),
@@ -176,6 +178,7 @@ TORCHRUN_PAIRS = [
     ("distributed.backward_started", "distributed.bucket_start"),
     ("distributed.bucket_launched", "distributed.backward_finished"),
     ("lightning.batch_to_device", "distributed.work_wait_start"),
+    ("lightning.forward_started", "lightning.forward_ended"),
 ]
 
 

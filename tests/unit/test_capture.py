@@ -105,6 +105,37 @@ def test_nested_forward_counts_the_outer_call_once():
     assert record[schema.FORWARD] == 4.0
 
 
+def test_a_forward_timed_by_one_door_is_the_same_as_by_two():
+    """forward_timed(start, end): the one-door timing (the caller counts nested calls)."""
+    records = []
+    for one_door in (False, True):
+        clock = StepClock(origin_ns=0)
+        clock.fetched(0, 0)
+        if one_door:
+            clock.forward_timed(1 * MS, 5 * MS)
+        else:
+            clock.forward_started(1 * MS)
+            clock.forward_ended(5 * MS)
+        clock.backward_started(6 * MS)
+        if one_door:
+            clock.forward_timed(7 * MS, 8 * MS)  # a recomputation inside backward: Backward
+        else:
+            clock.forward_started(7 * MS)
+            clock.forward_ended(8 * MS)
+        clock.backward_ended(9 * MS)
+        clock.optimizer_started(10 * MS)
+        if one_door:  # a closure re-run by the optimizer (LBFGS): Forward, not Optimizer
+            clock.forward_timed(11 * MS, 13 * MS)
+        else:
+            clock.forward_started(11 * MS)
+            clock.forward_ended(13 * MS)
+        records.append(clock.batch_ended(15 * MS))
+    assert records[0] == records[1]
+    assert records[1][schema.FORWARD] == 6.0
+    assert records[1][schema.BACKWARD] == 3.0
+    assert records[1][schema.OPTIMIZER] == 3.0
+
+
 def test_forward_during_backward_is_not_forward():
     clock = StepClock(origin_ns=0)
     clock.fetched(0, 0)

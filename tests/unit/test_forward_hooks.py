@@ -1,10 +1,12 @@
-"""traceml's forward hooks time the forward and are invisible to pickle, deepcopy and torch.save
-(traceml.capture.forward_hooks; on real training: test_transparency.py, test_any_loop.py)."""
+"""traceml's forward hooks and forward wrappers time the forward and are invisible to pickle,
+deepcopy and torch.save (traceml.capture.forward_hooks; on real training: test_transparency.py,
+test_any_loop.py)."""
 
 from __future__ import annotations
 
 import copy
 import gc
+import inspect
 import io
 import pickle
 import threading
@@ -14,7 +16,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from traceml.capture.forward_hooks import add_forward_hooks  # noqa: E402
+from traceml.capture.forward_hooks import (  # noqa: E402
+    add_forward_hooks,
+    wrap_forward,
+    wrap_forward_once,
+)
 
 
 class Timer:
@@ -143,3 +149,106 @@ def test_the_users_own_pickling_error_reaches_the_user_unchanged():
         pickle.dumps(model)
     undo()
     assert "__getstate__" not in vars(model)
+
+
+# -- the instance-level forward (wrap_forward / wrap_forward_once): no hooks at all --------
+
+
+class Recursive(torch.nn.Module):
+    """A module whose forward calls itself once (the one-door wrapper counts the outer call)."""
+
+    def forward(self, x, again: bool = True):
+        return self(x, again=False) if again else x * 2
+
+
+def one_door(model, calls):
+    ticks = iter(range(100, 10_000, 100))
+    return wrap_forward_once(model, lambda: next(ticks), calls.append)
+
+
+def two_doors(model, calls):
+    return wrap_forward(model, lambda: calls.append("before"), lambda: calls.append("after"))
+
+
+@pytest.mark.parametrize("wrap", [one_door, two_doors])
+def test_the_wrapped_forward_is_timed_and_no_copy_carries_it(wrap):
+    model = make()
+    user = model.register_forward_hook(user_hook)
+    untraced = sorted(vars(model))
+    signature = inspect.signature(model.forward)
+    calls: list = []
+    undo = wrap(model, calls)
+    assert not model._forward_pre_hooks  # torch's fast call path: no hook of traceml's
+    out = model(torch.ones(1, 3))
+    assert calls in ([100], ["before", "after"])
+    assert out.shape == (1, 2)
+    assert inspect.signature(model.forward) == signature  # what HF and Lightning read
+    assert model.forward.__name__ == "forward"
+    for twin in copies(model):
+        assert sorted(vars(twin)) == untraced
+        assert list(twin._forward_hooks.values()) == [user_hook]
+        twin(torch.ones(1, 3))
+    assert len(calls) in (1, 2)  # the copies never call traceml
+    undo()
+    assert sorted(vars(model)) == untraced
+    model(torch.ones(1, 3))
+    assert len(calls) in (1, 2)
+    user.remove()
+
+
+def test_one_door_counts_a_forward_inside_itself_once_and_times_a_raising_one():
+    model = Recursive()
+    starts: list[int] = []
+    undo = one_door(model, starts)
+    assert model(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert starts == [100]  # the inner call is part of the outer one
+    with pytest.raises(TypeError):
+        model()  # the user's error, as it would be untraced
+    assert starts == [100, 200]
+    model(torch.ones(2))
+    assert starts == [100, 200, 300]  # the depth came back to 0 after the error
+    undo()
+
+
+def test_the_users_own_instance_forward_is_called_and_given_back():
+    model = make()
+    seen = []
+
+    def users_forward(x):
+        seen.append("user")
+        return type(model).forward(model, x)
+
+    model.__dict__["forward"] = users_forward
+    calls: list = []
+    undo = two_doors(model, calls)
+    model(torch.ones(1, 3))
+    assert seen == ["user"] and calls == ["before", "after"]
+    twin = copy.copy(model)
+    assert twin.__dict__["forward"] is users_forward  # theirs, in the copy as it would be
+    undo()
+    assert model.__dict__["forward"] is users_forward
+
+
+def test_a_forward_the_user_replaces_during_training_stays_theirs():
+    model = make()
+    calls: list = []
+    undo = one_door(model, calls)
+
+    def replacement(x):
+        return x
+
+    model.forward = replacement
+    undo()
+    assert model.forward is replacement
+
+
+def test_the_wrapped_module_is_freed_as_soon_as_the_user_drops_it():
+    model = make()
+    one_door(model, [])
+    ref = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None  # the wrapper holds the module weakly: no cycle through __dict__
+    finally:
+        gc.enable()

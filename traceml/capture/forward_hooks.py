@@ -11,10 +11,19 @@ hands the pickler the module's usual state (its class's ``__getstate__``) withou
 entries. ``pickle`` and ``copy`` look ``__getstate__`` up on the instance, so the class and every
 other instance are untouched, and the copy is exactly what it would be untraced. The undo takes
 the hooks and the ``__getstate__`` away again.
+
+:func:`wrap_forward` and :func:`wrap_forward_once` time the forward without hooks: an
+instance-level ``forward`` that the same ``__getstate__`` leaves out of every copy. A module with
+hooks takes torch's slow call path (every hook dict consulted, ~3.5 us per call on a 2-core
+machine); without them ``module(x)`` takes the fast path straight to ``self.forward``, which is
+then traceml's function. It holds the module by a weak reference (no cycle through the module's
+own ``__dict__``) and calls the class's ``forward`` (or the user's own instance ``forward``, when
+they set one) exactly once per call.
 """
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -45,17 +54,107 @@ def add_forward_hooks(
     def undo() -> None:
         for handle in handles:
             handle.remove()
-        getstate.traceml_active = False
-        if module.__dict__.get("__getstate__") is getstate:
-            previous = getstate.traceml_previous
-            while getattr(previous, "traceml_active", True) is False:  # undone out of order
-                previous = previous.traceml_previous
-            if previous is None:
-                del module.__dict__["__getstate__"]
-            else:
-                module.__dict__["__getstate__"] = previous
+        _remove_getstate(module, getstate)
 
     return undo
+
+
+def wrap_forward(
+    module: Any, before: Callable[[], Any], after: Callable[[], Any]
+) -> Callable[[], None]:
+    """Time ``module``'s forward with ``before()`` and ``after()`` around each call (``after``
+    also when the forward raises; both must never raise: guarded entry points); the undo."""
+    module_ref = weakref.ref(module)
+    previous = module.__dict__.get("forward")  # the user's own instance forward, if any
+
+    def timed_forward(*args: Any, **kwargs: Any) -> Any:
+        before()
+        try:
+            if previous is not None:
+                return previous(*args, **kwargs)
+            owner = module_ref()
+            return type(owner).forward(owner, *args, **kwargs)
+        finally:
+            after()
+
+    return _install_forward(module, timed_forward, previous)
+
+
+def wrap_forward_once(
+    module: Any, clock: Callable[[], int], after: Callable[[int], Any]
+) -> Callable[[], None]:
+    """Time ``module``'s forward with one door: ``after(start)`` once the outermost call of
+    this module returns or raises (``start`` a ``clock()`` read before it; ``after`` must never
+    raise: a guarded entry point). A call inside another (a module calling itself) is part of
+    the outer one. The undo."""
+    module_ref = weakref.ref(module)
+    previous = module.__dict__.get("forward")
+    depth = 0
+
+    def timed_forward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal depth
+        if depth:
+            if previous is not None:
+                return previous(*args, **kwargs)
+            owner = module_ref()
+            return type(owner).forward(owner, *args, **kwargs)
+        depth = 1
+        start = clock()
+        try:
+            if previous is not None:
+                return previous(*args, **kwargs)
+            owner = module_ref()
+            return type(owner).forward(owner, *args, **kwargs)
+        finally:
+            depth = 0
+            after(start)
+
+    return _install_forward(module, timed_forward, previous)
+
+
+def _install_forward(module: Any, timed_forward: Any, previous: Any) -> Callable[[], None]:
+    timed_forward.traceml_previous_forward = previous
+    _look_like(timed_forward, module.forward)
+    getstate = _getstate_without(module, frozenset())
+    module.__dict__["__getstate__"] = getstate
+    module.__dict__["forward"] = timed_forward
+
+    def undo() -> None:
+        if module.__dict__.get("forward") is timed_forward:  # else the user replaced it: theirs
+            if previous is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = previous
+        _remove_getstate(module, getstate)
+
+    return undo
+
+
+def _look_like(timed_forward: Any, untimed: Any) -> None:
+    """What code that inspects ``model.forward`` reads: its name, docstring and signature (the
+    bound one, without ``self``: Hugging Face and Lightning read forward's parameters). Not
+    ``__wrapped__``: it would hold the bound method, and so the module, from its own dict."""
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(timed_forward, name, getattr(untimed, name))
+        except (AttributeError, TypeError):
+            pass
+    try:
+        timed_forward.__signature__ = inspect.signature(untimed)
+    except (TypeError, ValueError):
+        pass
+
+
+def _remove_getstate(module: Any, getstate: Any) -> None:
+    getstate.traceml_active = False
+    if module.__dict__.get("__getstate__") is getstate:
+        previous = getstate.traceml_previous
+        while getattr(previous, "traceml_active", True) is False:  # undone out of order
+            previous = previous.traceml_previous
+        if previous is None:
+            del module.__dict__["__getstate__"]
+        else:
+            module.__dict__["__getstate__"] = previous
 
 
 def _getstate_without(module: Any, ours: frozenset[int]) -> Any:
@@ -83,6 +182,14 @@ def _without_traceml(state: Any, ours: frozenset[int]) -> Any:
     if not isinstance(state, dict):
         return state
     state = dict(state)
+    forward = state.get("forward")
+    if hasattr(forward, "traceml_previous_forward"):
+        while hasattr(forward, "traceml_previous_forward"):  # traceml's, maybe more than one
+            forward = forward.traceml_previous_forward
+        if forward is None:
+            del state["forward"]
+        else:
+            state["forward"] = forward
     untraced = _untraced(state.get("__getstate__"))
     if untraced is None:
         state.pop("__getstate__", None)

@@ -163,6 +163,18 @@ class Session:
                 self.gpu.phase_ended("forward")
             self.clock.forward_ended(clock_ns())
 
+    def forward_timed(self, start: int) -> None:
+        """A forward timed by one door after it (no CUDA events, no collectives to place)."""
+        end = clock_ns()
+        if self.life.state is TRACING and self.clock.in_microbatch:
+            self.clock.forward_timed(start, end)
+
+    def needs_start_doors(self) -> bool:
+        """Whether a phase needs a door at its start as well as at its end: a CUDA event to
+        record there, or collectives inside it to count in that phase. Otherwise an adapter
+        may time a wrapped call with one door after it, its start a clock read."""
+        return self.gpu is not None or self.comm is not None
+
     def backward_started(self) -> None:
         if self.life.state is TRACING and self.clock.in_microbatch:
             if self.comm is not None:

@@ -122,6 +122,18 @@ class StepClock:
             if micro.optimizer_start_ns is not None:
                 micro.nested_ns += elapsed
 
+    def forward_timed(self, start_ns: int, end_ns: int) -> None:
+        """One forward, timed by one door after it (``forward_started`` and ``forward_ended``
+        in one; the caller counts nested calls itself)."""
+        micro, group = self._micro, self._group
+        # Ended inside backward: a recomputation (activation checkpointing), so Backward.
+        if micro is None or group is None or micro.backward_open or micro.forward_depth:
+            return
+        elapsed = end_ns - start_ns
+        group.forward_ns = (group.forward_ns or 0) + elapsed
+        if micro.optimizer_start_ns is not None:
+            micro.nested_ns += elapsed
+
     def backward_started(self, now_ns: int) -> None:
         if self._micro is not None:
             self._micro.backward_start_ns = now_ns

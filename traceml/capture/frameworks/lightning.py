@@ -7,8 +7,9 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
     strategy.batch_to_device(batch)    -> H2D          (timed by an instance-level wrapper)
     on_train_batch_start
     optimizer.step(closure):
-        closure: training_step         -> Forward = the traced module's forward hooks;
-                                          loss and matching stay in Residual
+        closure: training_step         -> Forward = the traced module's forward (an
+                                          instance-level wrapper); loss and matching stay
+                                          in Residual
                  zero_grad, strategy.backward (on_before_backward, loss.backward,
                                    on_after_backward)   -> Backward (an instance-level wrapper)
         on_before_optimizer_step, clipping, the update                          -> Optimizer
@@ -200,10 +201,9 @@ class StepTiming:
     def transfer_started(self) -> int | None:
         return self.session.transfer_started()
 
-    def transfer_needs_start(self) -> bool:
-        """Whether the transfer needs a door before it: a CUDA event to record, or collectives
-        that a transfer could run, counted as H2D (else its start is a clock read)."""
-        return self.session.gpu is not None or self.session.comm is not None
+    def needs_start_doors(self) -> bool:
+        """A door before the transfer and the forward too (CUDA events, collectives)."""
+        return self.session.needs_start_doors()
 
     @entry_point("lightning.batch_transferred", "after the strategy's batch transfer")
     def transferred(self, start: int) -> None:
@@ -217,13 +217,17 @@ class StepTiming:
     def backward_ended(self) -> None:
         self.session.backward_ended()
 
-    @entry_point("lightning.forward_pre_hook", "the traced module's forward pre-hook")
-    def forward_pre_hook(self, _module: Any, _inputs: Any) -> None:
+    @entry_point("lightning.forward_started", "before the traced module's forward")
+    def forward_started(self) -> None:
         self.session.forward_started()
 
-    @entry_point("lightning.forward_hook", "the traced module's forward hook")
-    def forward_post_hook(self, _module: Any, _inputs: Any, _output: Any) -> None:
+    @entry_point("lightning.forward_ended", "after the traced module's forward")
+    def forward_ended(self) -> None:
         self.session.forward_ended()
+
+    @entry_point("lightning.forward_timed", "after the traced module's forward (one door)")
+    def forward_timed(self, start: int) -> None:
+        self.session.forward_timed(start)
 
     # -- set-up ----------------------------------------------------------------------------
 

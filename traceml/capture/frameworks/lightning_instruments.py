@@ -8,8 +8,13 @@
   per step (a profiler context and a call, ~3 us on the stress loop) on top of traceml's door;
   the wrapper is one frame, and its window is the same for every callback order (every
   callback's and the module's backward hooks, the DDP reducer's preparation, ``loss.backward``).
-* Forward: forward pre/post hooks on the model's inner network, which pickling, deepcopy and
-  ``torch.save`` of the model do not carry (traceml.capture.forward_hooks).
+* Forward: an instance-level ``forward`` on the model's inner network, which pickling,
+  deepcopy and ``torch.save`` of the model do not carry (traceml.capture.forward_hooks). Not
+  forward hooks: a module with hooks takes torch's slow call path (~3.5 us per call).
+
+Where nothing needs a door at a phase's start (no CUDA event to record, no collective to place
+in the phase: a single process without CUDA events), the transfer and the forward are timed by
+one door after the call, whose start is a clock read (a C function that cannot fail).
 
 Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
 before and after it goes through the observer's guarded entry points (traceml.capture.guard), so a
@@ -22,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceml.capture.clock import clock_ns
-from traceml.capture.forward_hooks import add_forward_hooks
+from traceml.capture.forward_hooks import wrap_forward, wrap_forward_once
 from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
@@ -87,9 +92,11 @@ class Instruments:
         module = forward_module(pl_module)
         if module is not None:
             observer = self.observer
-            self._undo.append(
-                add_forward_hooks(module, observer.forward_pre_hook, observer.forward_post_hook)
-            )
+            if observer.needs_start_doors():
+                undo = wrap_forward(module, observer.forward_started, observer.forward_ended)
+            else:
+                undo = wrap_forward_once(module, clock_ns, observer.forward_timed)
+            self._undo.append(undo)
 
     def instrument_fetcher(self, fetcher: Any) -> None:
         """Input Wait: the one training fetcher gets a timing subclass of its own class (also
@@ -112,7 +119,7 @@ class Instruments:
         original_transfer = strategy.batch_to_device
         observer = self.observer
 
-        if observer.transfer_needs_start():
+        if observer.needs_start_doors():
             # A CUDA event to record, or collectives to place in H2D: a door before too.
             def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
                 token = observer.transfer_started()
@@ -122,8 +129,7 @@ class Instruments:
                 return result
 
         else:
-            # One door: the start is a clock read (a C function that cannot fail), so the
-            # user's transfer still runs outside every guarded call.
+
             def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
                 start = clock_ns()
                 result = original_transfer(*args, **kwargs)
