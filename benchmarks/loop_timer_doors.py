@@ -150,18 +150,19 @@ def _floor() -> None:
         return method
 
     names = "forward_started forward_ended backward_started backward_ended optimizer_started"
-    for code, name in enumerate([*names.split(), "batch_ended", "transferred", "forward_timed"]):
+    one_door = ["forward_timed", "backward_timed"]
+    for code, name in enumerate([*names.split(), "batch_ended", "transferred", *one_door]):
         setattr(session, name, event(code))
 
     def transfer_started(self) -> int:
         start = clock_ns()
-        append((9, start))
+        append((20, start))
         return start
 
     def fetched(self, start: int, end: int) -> None:
         if not events:  # the first fetch opens the clock's step, as the session's does
             real_fetched(self, start, end)
-        append((10, end))
+        append((21, end))
 
     session.transfer_started = transfer_started
     session.fetched = fetched

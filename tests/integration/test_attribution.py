@@ -63,3 +63,25 @@ def test_what_no_phase_explains_stays_small(steady_steps):
     # Every step: its phases' delays (less a little) and never a step shorter than their sum.
     floor = sum(delay for _, _, delay in DELAYS) - 2.5
     assert all(s[schema.STEP] >= floor for s in steady_steps)
+
+
+def test_a_forward_recomputed_inside_backward_is_backward(tmp_path):
+    """Activation checkpointing of the traced model: its forward (60 ms) runs once in Forward
+    and once more inside backward, where it is Backward's; counted in both, the phases would
+    add up to more than the step."""
+    env = traced_env(
+        tmp_path / "logs",
+        "a",
+        TINY_BATCHES=8,
+        TINY_VALIDATE=0,
+        TINY_CHECKPOINT=1,
+        TINY_FORWARD_SLEEP_MS=60,
+    )
+    result = run([PYTHON, TINY], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    steady = steps_of(rank_records(tmp_path / "logs" / "a"))[2:]
+    assert len(steady) == 6
+    assert 59.5 <= median(s[schema.FORWARD] for s in steady) <= 66.0
+    assert 59.5 <= median(s[schema.BACKWARD] for s in steady) <= 60.0 + UNDELAYED_MS
+    assert median(s[schema.RESIDUAL] for s in steady) < UNDELAYED_MS
+    assert "overlapping" not in result.stderr

@@ -122,8 +122,9 @@ SCENARIOS: dict[str, Scenario] = {
     # single process on CPU times the transfer with the door after it alone).
     "lightning.batch_to_device": scenario("torchrun"),
     "lightning.batch_transferred": scenario("plain"),
-    "lightning.backward_started": scenario("plain"),
-    "lightning.backward_ended": scenario("plain"),
+    "lightning.backward_timed": scenario("plain"),
+    "lightning.backward_started": scenario("torchrun"),
+    "lightning.backward_ended": scenario("torchrun"),
     "lightning.forward_timed": scenario("plain"),
     # The forward's two-door timing: where a CUDA event or a collective needs a door before.
     "lightning.forward_started": scenario("torchrun"),
@@ -179,6 +180,7 @@ TORCHRUN_PAIRS = [
     ("distributed.bucket_launched", "distributed.backward_finished"),
     ("lightning.batch_to_device", "distributed.work_wait_start"),
     ("lightning.forward_started", "lightning.forward_ended"),
+    ("lightning.backward_started", "lightning.backward_ended"),
 ]
 
 

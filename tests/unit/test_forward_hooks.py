@@ -210,6 +210,23 @@ def test_one_door_counts_a_forward_inside_itself_once_and_times_a_raising_one():
     undo()
 
 
+def test_one_door_leaves_a_forward_inside_backward_to_backward():
+    class Inside:
+        depth = 0
+
+    model = make()
+    starts: list[int] = []
+    inside = Inside()
+    undo = wrap_forward_once(model, lambda: 7, starts.append, inside)
+    inside.depth = 1  # the strategy's backward is running: a recomputation
+    model(torch.ones(1, 3))
+    assert starts == []
+    inside.depth = 0
+    model(torch.ones(1, 3))
+    assert starts == [7]
+    undo()
+
+
 def test_the_users_own_instance_forward_is_called_and_given_back():
     model = make()
     seen = []

@@ -81,19 +81,20 @@ def wrap_forward(
 
 
 def wrap_forward_once(
-    module: Any, clock: Callable[[], int], after: Callable[[int], Any]
+    module: Any, clock: Callable[[], int], after: Callable[[int], Any], inside: Any = None
 ) -> Callable[[], None]:
     """Time ``module``'s forward with one door: ``after(start)`` once the outermost call of
     this module returns or raises (``start`` a ``clock()`` read before it; ``after`` must never
     raise: a guarded entry point). A call inside another (a module calling itself) is part of
-    the outer one. The undo."""
+    the outer one; so is a call while ``inside.depth`` is set (a recomputation inside the
+    backward pass, whose time is Backward's). The undo."""
     module_ref = weakref.ref(module)
     previous = module.__dict__.get("forward")
     depth = 0
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
         nonlocal depth
-        if depth:
+        if depth or (inside is not None and inside.depth):
             if previous is not None:
                 return previous(*args, **kwargs)
             owner = module_ref()

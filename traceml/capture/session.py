@@ -169,6 +169,12 @@ class Session:
         if self.life.state is TRACING and self.clock.in_microbatch:
             self.clock.forward_timed(start, end)
 
+    def backward_timed(self, start: int) -> None:
+        """A backward timed by one door after it (no CUDA events, no collectives)."""
+        end = clock_ns()
+        if self.life.state is TRACING and self.clock.in_microbatch:
+            self.clock.backward_timed(start, end)
+
     def needs_start_doors(self) -> bool:
         """Whether a phase needs a door at its start as well as at its end: a CUDA event to
         record there, or collectives inside it to count in that phase. Otherwise an adapter

@@ -134,6 +134,17 @@ class StepClock:
         if micro.optimizer_start_ns is not None:
             micro.nested_ns += elapsed
 
+    def backward_timed(self, start_ns: int, end_ns: int) -> None:
+        """One backward, timed by one door after it (the caller counts nested calls and keeps
+        the forwards it runs out of Forward itself)."""
+        micro, group = self._micro, self._group
+        if micro is None or group is None or micro.backward_open:
+            return
+        elapsed = end_ns - start_ns
+        group.backward_ns = (group.backward_ns or 0) + elapsed
+        if micro.optimizer_start_ns is not None:
+            micro.nested_ns += elapsed
+
     def backward_started(self, now_ns: int) -> None:
         if self._micro is not None:
             self._micro.backward_start_ns = now_ns

@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+import torch.utils.checkpoint
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -67,6 +68,9 @@ COLLECTIVES = env_int("TINY_COLLECTIVES", 0)
 # sgd (default: SGD, with TINY_OPTIMIZER_SLEEP_MS) or lbfgs (LBFGS, max_iter=3: the closure,
 # so training_step, forward and backward, runs several times per optimizer step).
 OPTIMIZER = os.environ.get("TINY_OPTIMIZER", "sgd")
+# Activation checkpointing of the whole model: its forward (TINY_FORWARD_SLEEP_MS included)
+# runs again inside backward.
+CHECKPOINT = env_int("TINY_CHECKPOINT", 0)
 
 
 def slow_here(where: str) -> float:
@@ -132,7 +136,11 @@ class Module(pl.LightningModule):
         if STEP_SLEEP:
             time.sleep(STEP_SLEEP)
         x, y = batch
-        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        if CHECKPOINT:  # the model's forward runs again inside backward (a recomputation)
+            out = torch.utils.checkpoint.checkpoint(self.model, x, use_reentrant=False)
+        else:
+            out = self.model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
         if COLLECTIVES and torch.distributed.is_initialized():
             total = loss.detach().clone()
             torch.distributed.all_reduce(total)

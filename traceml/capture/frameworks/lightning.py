@@ -217,6 +217,10 @@ class StepTiming:
     def backward_ended(self) -> None:
         self.session.backward_ended()
 
+    @entry_point("lightning.backward_timed", "after the strategy's backward (one door)")
+    def backward_timed(self, start: int) -> None:
+        self.session.backward_timed(start)
+
     @entry_point("lightning.forward_started", "before the traced module's forward")
     def forward_started(self) -> None:
         self.session.forward_started()

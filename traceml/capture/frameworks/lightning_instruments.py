@@ -76,6 +76,15 @@ def forward_module(pl_module: Any) -> Any | None:
         return None
 
 
+class InBackward:
+    """Whether the strategy's backward is running (the one-door wrappers' shared state)."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
 class Instruments:
     """What one traced training installed, and how to take it away again."""
 
@@ -88,14 +97,18 @@ class Instruments:
     def install(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
         self.instrument_fetcher(fetcher)
         self._wrap_transfer(trainer.strategy)
-        self._wrap_backward(trainer.strategy)
+        observer = self.observer
+        if observer.needs_start_doors():
+            self._wrap_backward(trainer.strategy)
+        else:
+            inside = InBackward()
+            self._wrap_backward_once(trainer.strategy, inside)
         module = forward_module(pl_module)
         if module is not None:
-            observer = self.observer
             if observer.needs_start_doors():
                 undo = wrap_forward(module, observer.forward_started, observer.forward_ended)
             else:
-                undo = wrap_forward_once(module, clock_ns, observer.forward_timed)
+                undo = wrap_forward_once(module, clock_ns, observer.forward_timed, inside)
             self._undo.append(undo)
 
     def instrument_fetcher(self, fetcher: Any) -> None:
@@ -153,6 +166,32 @@ class Instruments:
             result = original_backward(*args, **kwargs)  # the user's errors pass through
             observer.backward_ended()
             return result
+
+        strategy.backward = timed_backward
+
+        def restore_backward() -> None:
+            if strategy.__dict__.get("backward") is timed_backward:
+                del strategy.backward
+
+        self._undo.append(restore_backward)
+
+    def _wrap_backward_once(self, strategy: Any, inside: InBackward) -> None:
+        """Backward with one door after it. ``inside.depth`` (an integer on traceml's own
+        object: nothing to fail) tells the one-door forward that a forward run now is a
+        recomputation inside backward (activation checkpointing): Backward, not Forward."""
+        original_backward = strategy.backward
+        observer = self.observer
+
+        def timed_backward(*args: Any, **kwargs: Any) -> Any:
+            if inside.depth:
+                return original_backward(*args, **kwargs)
+            inside.depth = 1
+            start = clock_ns()
+            try:
+                return original_backward(*args, **kwargs)  # the user's errors pass through
+            finally:
+                inside.depth = 0
+                observer.backward_timed(start)
 
         strategy.backward = timed_backward
 
