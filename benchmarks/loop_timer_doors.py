@@ -112,14 +112,18 @@ def _door_times() -> None:
     times: dict[str, list[int]] = {}
     guard.DOOR_TIMES = times
     timed = "_g_owner.own_cost_ns += _g_clock() - _g_start"
-    if timed not in guard._BODY:
-        raise RuntimeError("the guard's body changed: DOOR_TIMES needs updating")
-    guard._BODY = guard._BODY.replace(
-        timed,
-        "_g_d = _g_clock() - _g_start\n"
-        "                        _g_owner.own_cost_ns += _g_d\n"
-        "                        _g_guard.DOOR_TIMES.setdefault(_g_name, []).append(_g_d)",
-    )
+    for body_name in ("_BODY", "_PER_STEP_BODY"):
+        body = getattr(guard, body_name)
+        line = next((line for line in body.splitlines() if line.strip() == timed), None)
+        if line is None:
+            raise RuntimeError("the guard's body changed: DOOR_TIMES needs updating")
+        indent = line[: len(line) - len(line.lstrip())]
+        replacement = (
+            f"{indent}_g_d = _g_clock() - _g_start\n"
+            f"{indent}_g_owner.own_cost_ns += _g_d\n"
+            f"{indent}_g_guard.DOOR_TIMES.setdefault(_g_name, []).append(_g_d)"
+        )
+        setattr(guard, body_name, body.replace(line, replacement))
     guard._factories.clear()
 
     def report() -> None:

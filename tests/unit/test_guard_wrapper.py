@@ -94,3 +94,26 @@ def test_fault_injection_reaches_generated_wrappers(owner, monkeypatch):
     monkeypatch.setattr(guard, "_inject", "test_guard.plain")
     assert owner.plain(1, 2) is None
     assert owner.failures and owner.failures[0][0] == "test_guard.plain"
+
+
+def test_a_per_step_door_counts_its_cost_routes_its_failure_and_marks_nothing(owner):
+    class Hot:
+        def __init__(self):
+            self.own_cost_ns = 0
+            self.failures = []
+
+        def _entry_failed(self, name, exc):
+            self.failures.append((name, str(exc)))
+
+        @entry_point("test_guard.per_step", "a per-step door", per_step=True)
+        def step(self, value):
+            if value is None:
+                raise ValueError("no value")
+            assert guard._inside == set()  # no nesting bookkeeping on the hot path
+            return value * 2
+
+    hot = Hot()
+    assert hot.step(4) == 8
+    assert hot.own_cost_ns > 0
+    assert hot.step(None) is None
+    assert hot.failures == [("test_guard.per_step", "no value")]

@@ -15,7 +15,6 @@ The adapter's hooks are the guarded entry points (``guard``); their failures rea
 from __future__ import annotations
 
 import os
-import sys
 import time
 from contextlib import suppress
 from typing import Any
@@ -42,7 +41,6 @@ from traceml.step_record import STEP_KEYS
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
 RSS_EVERY_NS = 10_000_000
-_EXITED_EARLY = "the process exited before training finished"
 
 
 class Session:
@@ -176,9 +174,8 @@ class Session:
             self.clock.backward_timed(start, end)
 
     def needs_start_doors(self) -> bool:
-        """Whether a phase needs a door at its start as well as at its end: a CUDA event to
-        record there, or collectives inside it to count in that phase. Otherwise an adapter
-        may time a wrapped call with one door after it, its start a clock read."""
+        """A door at a phase's start too (a CUDA event to record, collectives to place in it);
+        else an adapter may time a wrapped call by one door after it, its start a clock read."""
         return self.gpu is not None or self.comm is not None
 
     def backward_started(self) -> None:
@@ -238,9 +235,8 @@ class Session:
     # -- records ---------------------------------------------------------------------------
 
     def _emit(self, closed: Any, now: int) -> None:
-        # ``closed``: a ClosedStep, whose record the flusher builds (on the CUDA path, here).
-        # About once a second the sampler has something queued; an attribute test otherwise.
-        if self.telemetry is not None and self.telemetry.pending:
+        # ``closed``: a ClosedStep, its record built by the flusher (on the CUDA path, here).
+        if self.telemetry is not None and self.telemetry.pending:  # about once a second
             self.recorder.samples(self.telemetry.collect())
         extra = closed.extra
         # RSS (a procfs read, ~7 us): at most every RSS_EVERY_NS on short steps (null between).
@@ -373,21 +369,9 @@ class Session:
 
     def finish_at_exit(self) -> None:
         """Interpreter exit with the file still open: the run ended without its teardown."""
-        if self.recorder is None or self.recorder.footer_written or os.getpid() != self.pid:
-            return
-        self.remove_instruments()
-        if self.clock is not None:
-            self.clock.abandon()
-        with suppress(Exception):
-            self._drain()
-        exception = getattr(sys, "last_value", None)  # the script's uncaught exception, if any
-        if self.recorder.status is None and self.ends_at_exit:
-            if exception is not None:
-                self.recorder.ended_by(exception)
-        elif self.recorder.status is None:
-            self.recorder.status = schema.STATUS_INTERRUPTED
-            self.recorder.error = self.recorder.error or _EXITED_EARLY
-        self.finish()
+        from traceml.capture.session_exit import finish_at_exit
+
+        finish_at_exit(self)
 
     # -- failure ---------------------------------------------------------------------------
 

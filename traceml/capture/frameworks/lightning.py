@@ -160,11 +160,15 @@ class StepTiming:
             if fetcher is not None and fetcher is not self.instruments.fetcher:
                 self.instruments.instrument_fetcher(fetcher)
 
-    @entry_point("lightning.on_before_optimizer_step", "Lightning's on_before_optimizer_step")
+    @entry_point(
+        "lightning.on_before_optimizer_step", "Lightning's on_before_optimizer_step", per_step=True
+    )
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self.session.optimizer_started()
 
-    @entry_point("lightning.on_train_batch_end", "Lightning's on_train_batch_end hook")
+    @entry_point(
+        "lightning.on_train_batch_end", "Lightning's on_train_batch_end hook", per_step=True
+    )
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         self.session.batch_ended(trainer.global_step, trainer.current_epoch)
 
@@ -193,11 +197,13 @@ class StepTiming:
     def iterator_created(self, start: int, end: int) -> None:
         self.session.iterator_created(start, end)
 
-    @entry_point("lightning.fetcher_next", "each batch fetched from the training DataLoader")
+    @entry_point(
+        "lightning.fetcher_next", "each batch fetched from the training DataLoader", per_step=True
+    )
     def fetched(self, start: int, end: int) -> None:
         self.session.fetched(start, end)
 
-    @entry_point("lightning.batch_to_device", "before the strategy's batch transfer")
+    @entry_point("lightning.batch_to_device", "before the strategy's batch transfer", per_step=True)
     def transfer_started(self) -> int | None:
         return self.session.transfer_started()
 
@@ -205,31 +211,37 @@ class StepTiming:
         """A door before the transfer and the forward too (CUDA events, collectives)."""
         return self.session.needs_start_doors()
 
-    @entry_point("lightning.batch_transferred", "after the strategy's batch transfer")
+    @entry_point(
+        "lightning.batch_transferred", "after the strategy's batch transfer", per_step=True
+    )
     def transferred(self, start: int) -> None:
         self.session.transferred(start)
 
-    @entry_point("lightning.backward_started", "before the strategy's backward")
+    @entry_point("lightning.backward_started", "before the strategy's backward", per_step=True)
     def backward_started(self) -> None:
         self.session.backward_started()
 
-    @entry_point("lightning.backward_ended", "after the strategy's backward")
+    @entry_point("lightning.backward_ended", "after the strategy's backward", per_step=True)
     def backward_ended(self) -> None:
         self.session.backward_ended()
 
-    @entry_point("lightning.backward_timed", "after the strategy's backward (one door)")
+    @entry_point(
+        "lightning.backward_timed", "after the strategy's backward (one door)", per_step=True
+    )
     def backward_timed(self, start: int) -> None:
         self.session.backward_timed(start)
 
-    @entry_point("lightning.forward_started", "before the traced module's forward")
+    @entry_point("lightning.forward_started", "before the traced module's forward", per_step=True)
     def forward_started(self) -> None:
         self.session.forward_started()
 
-    @entry_point("lightning.forward_ended", "after the traced module's forward")
+    @entry_point("lightning.forward_ended", "after the traced module's forward", per_step=True)
     def forward_ended(self) -> None:
         self.session.forward_ended()
 
-    @entry_point("lightning.forward_timed", "after the traced module's forward (one door)")
+    @entry_point(
+        "lightning.forward_timed", "after the traced module's forward (one door)", per_step=True
+    )
     def forward_timed(self, start: int) -> None:
         self.session.forward_timed(start)
 

@@ -311,7 +311,9 @@ class InputTiming:
             counters = self.counters = ProcessCounters(os.getpid(), slot)
         return counters
 
-    @entry_point("dataloader.batch", "after the traced DataLoader's fetch (items, collate)")
+    @entry_point(
+        "dataloader.batch", "after the traced DataLoader's fetch (items, collate)", per_step=True
+    )
     def batch_made(self, start: int, collate_start: int, samples: int) -> None:
         end = clock_ns()
         counters = self._here()
