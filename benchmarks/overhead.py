@@ -206,6 +206,10 @@ def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
                 + " ".join(f"{n}={per_batch[n][-1]:.1f}" for n in names),
                 flush=True,
             )
+        if CLOCK["field"] == "instructions" and "plain" not in per_batch:
+            for name, values_ in per_batch.items():  # an A/B of traced variants only
+                print(f"  {name}: {statistics.median(values_) / 1e6:,.0f} instructions per batch")
+            return
         if CLOCK["field"] == "instructions":
             to_us(per_batch, native_plain_us(work, workload))
             own_us = own_cost_us(work / "logs", "native*")
