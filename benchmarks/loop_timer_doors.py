@@ -80,7 +80,7 @@ def _input() -> None:
 
 
 def _forward() -> None:
-    """No forward pre/post hooks on the model (Forward stays null, its time goes to Residual)."""
+    """No forward wrapper on the model (Forward stays null, its time goes to Residual)."""
     instruments = importlib.import_module("traceml.capture.frameworks.lightning_instruments")
     instruments.forward_module = lambda pl_module: None
 

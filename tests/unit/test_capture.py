@@ -140,6 +140,20 @@ def test_a_forward_timed_by_one_door_is_the_same_as_by_two():
     assert records[1][schema.OPTIMIZER] == 2.0
 
 
+def test_forward_started_and_ended_say_when_they_open_and_close_forward():
+    """What the session records the device's Forward by: only the outermost call, and never
+    a recomputation inside backward."""
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 0)
+    assert clock.forward_started(1 * MS) is True
+    assert clock.forward_started(2 * MS) is False  # nested
+    assert clock.forward_ended(3 * MS) is False
+    assert clock.forward_ended(4 * MS) is True
+    clock.backward_started(5 * MS)
+    assert clock.forward_started(6 * MS) is False  # a recomputation: Backward
+    assert clock.forward_ended(7 * MS) is False
+
+
 def test_forward_during_backward_is_not_forward():
     clock = StepClock(origin_ns=0)
     clock.fetched(0, 0)

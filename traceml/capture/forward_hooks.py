@@ -16,9 +16,13 @@ the hooks and the ``__getstate__`` away again.
 instance-level ``forward`` that the same ``__getstate__`` leaves out of every copy. A module with
 hooks takes torch's slow call path (every hook dict consulted, ~3.5 us per call on a 2-core
 machine); without them ``module(x)`` takes the fast path straight to ``self.forward``, which is
-then traceml's function. It holds the module by a weak reference (no cycle through the module's
-own ``__dict__``) and calls the class's ``forward`` (or the user's own instance ``forward``, when
-they set one) exactly once per call.
+then traceml's function. It holds the module by a weak reference (no cycle of traceml's through
+the module's own ``__dict__``) and calls the class's ``forward`` function as it was at install
+(or the user's own instance ``forward``, when they set one) exactly once per call. Only for a
+module whose forward is a plain method and whose class copies itself through ``__getstate__``
+(:func:`can_wrap_forward`): anything else keeps the hooks. Known and left: code that copies a
+module's ``__dict__`` itself (``nn.DataParallel``'s replicas) would carry the wrapper, which runs
+the original module; Lightning 2.x has no DataParallel strategy.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+# A class that copies itself by any of these may copy its __dict__ as is, the wrapper with it.
+_OWN_COPYING = ("__deepcopy__", "__copy__", "__reduce__", "__reduce_ex__")
 # Module attributes keyed by hook id (torch 2.x): every one a forward hook may leave an entry in.
 _HOOK_DICTS = (
     "_forward_pre_hooks",
@@ -59,21 +65,49 @@ def add_forward_hooks(
     return undo
 
 
+def can_wrap_forward(module: Any) -> bool:
+    """Whether ``module``'s forward can be timed by an instance-level ``forward``: a plain
+    Python method of its class (or a callable the user set on the instance), and a class that
+    copies itself through ``__getstate__`` (no ``__deepcopy__`` / ``__reduce__`` of its own,
+    which could carry the wrapper into a copy). Otherwise (a scripted module, say) the
+    caller uses hooks."""
+    try:
+        cls = type(module)
+        if any(name in vars(base) for base in cls.__mro__[:-1] for name in _OWN_COPYING):
+            return False
+        if "forward" in module.__dict__:
+            return callable(module.__dict__["forward"])
+        bound = module.forward
+        return (
+            inspect.ismethod(bound)
+            and bound.__self__ is module
+            and inspect.isfunction(bound.__func__)
+        )
+    except Exception:
+        return False
+
+
+def _untimed_call(module: Any) -> tuple[Any, Any]:
+    """(the user's own instance forward or None, the class's forward function)."""
+    previous = module.__dict__.get("forward")
+    return previous, None if previous is not None else module.forward.__func__
+
+
 def wrap_forward(
     module: Any, before: Callable[[], Any], after: Callable[[], Any]
 ) -> Callable[[], None]:
     """Time ``module``'s forward with ``before()`` and ``after()`` around each call (``after``
-    also when the forward raises; both must never raise: guarded entry points); the undo."""
+    also when the forward raises; both must never raise: guarded entry points); the undo.
+    Only for a module that :func:`can_wrap_forward`."""
     module_ref = weakref.ref(module)
-    previous = module.__dict__.get("forward")  # the user's own instance forward, if any
+    previous, function = _untimed_call(module)
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
         before()
         try:
             if previous is not None:
                 return previous(*args, **kwargs)
-            owner = module_ref()
-            return type(owner).forward(owner, *args, **kwargs)
+            return function(module_ref(), *args, **kwargs)
         finally:
             after()
 
@@ -87,9 +121,10 @@ def wrap_forward_once(
     this module returns or raises (``start`` a ``clock()`` read before it; ``after`` must never
     raise: a guarded entry point). A call inside another (a module calling itself) is part of
     the outer one; so is a call while ``inside.depth`` is set (a recomputation inside the
-    backward pass, whose time is Backward's). The undo."""
+    backward pass, whose time is Backward's). The undo. Only for a module that
+    :func:`can_wrap_forward`."""
     module_ref = weakref.ref(module)
-    previous = module.__dict__.get("forward")
+    previous, function = _untimed_call(module)
     depth = 0
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
@@ -97,15 +132,13 @@ def wrap_forward_once(
         if depth or (inside is not None and inside.depth):
             if previous is not None:
                 return previous(*args, **kwargs)
-            owner = module_ref()
-            return type(owner).forward(owner, *args, **kwargs)
+            return function(module_ref(), *args, **kwargs)
         depth = 1
         start = clock()
         try:
             if previous is not None:
                 return previous(*args, **kwargs)
-            owner = module_ref()
-            return type(owner).forward(owner, *args, **kwargs)
+            return function(module_ref(), *args, **kwargs)
         finally:
             depth = 0
             after(start)

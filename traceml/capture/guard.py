@@ -1,9 +1,9 @@
 """Never break the user's training, by construction: every place user code calls into traceml.
 
-Training code reaches traceml through a few doors: Lightning's callback hooks, the module
-forward hooks, the DataLoader-fetch, batch-transfer and backward wrappers, the collective and
-DDP-hook wrappers, the import hooks, ``init()`` and the exit handler. Each door is a function
-decorated with :func:`entry_point`, which
+Training code reaches traceml through a few doors: Lightning's callback hooks, the forward
+wrapper (Lightning) or forward hooks (any loop), the DataLoader-fetch, batch-transfer and
+backward wrappers, the collective and DDP-hook wrappers, the import hooks, ``init()`` and the
+exit handler. Each door is a function decorated with :func:`entry_point`, which
 
 * registers its name in :data:`ENTRY_POINTS` (the fault-injection suite enumerates them, and a
   test fails when a door exists that is not registered);
@@ -90,9 +90,9 @@ def entry_point(
 
     ``owner_arg``: the positional argument that owns the failure and the cost (``self`` for a
     method); -1 for a plain function, whose failure only warns (the process-wide fallback).
-    ``per_step``: a door of the training step's hot path, which is never entered while the
-    same thread is inside another door (its wrapper calls traceml only around the user's call,
-    never from inside a door): it skips the per-thread nesting bookkeeping.
+    ``per_step``: a door of the training step's hot path that is never entered while its
+    thread is inside another door and never enters one itself (its cost would then be counted
+    twice): it skips the per-thread nesting bookkeeping.
     """
     if name in ENTRY_POINTS:
         raise ValueError(f"entry point {name!r} registered twice")

@@ -23,6 +23,7 @@ from traceml import console, schema
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
 from traceml.capture.recorder import RankRecorder, build_header
+from traceml.capture.session_exit import finish_at_exit
 from traceml.capture.session_parts import (
     CommTiming,
     CostOwner,
@@ -150,16 +151,17 @@ class Session:
         self.clock.transferred(start, end)
 
     def forward_started(self) -> None:
-        if self.life.state is TRACING and self.clock.in_microbatch:
-            self.clock.forward_started(clock_ns())
-            if self.gpu is not None:
-                self.gpu.phase_started("forward")
+        # The device's Forward only where the host's opens (not nested, not in backward).
+        if self.life.state is not TRACING or not self.clock.in_microbatch:
+            return
+        if self.clock.forward_started(clock_ns()) and self.gpu is not None:
+            self.gpu.phase_started("forward")
 
     def forward_ended(self) -> None:
-        if self.life.state is TRACING and self.clock.in_microbatch:
-            if self.gpu is not None:
-                self.gpu.phase_ended("forward")
-            self.clock.forward_ended(clock_ns())
+        if self.life.state is not TRACING or not self.clock.in_microbatch:
+            return
+        if self.clock.forward_ended(clock_ns()) and self.gpu is not None:
+            self.gpu.phase_ended("forward")
 
     def forward_timed(self, start: int) -> None:
         """A forward timed by one door after it (no CUDA events, no collectives to place)."""
@@ -369,8 +371,6 @@ class Session:
 
     def finish_at_exit(self) -> None:
         """Interpreter exit with the file still open: the run ended without its teardown."""
-        from traceml.capture.session_exit import finish_at_exit
-
         finish_at_exit(self)
 
     # -- failure ---------------------------------------------------------------------------

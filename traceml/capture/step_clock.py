@@ -101,32 +101,39 @@ class StepClock:
         self._micro.in_h2d = False
         self._group.h2d_ns = (self._group.h2d_ns or 0) + (end_ns - start_ns)
 
-    def forward_started(self, now_ns: int) -> None:
+    def forward_started(self, now_ns: int) -> bool:
+        """True when this opened Forward (not nested, not inside backward)."""
         micro = self._micro
         # A forward run by autograd during backward (activation checkpointing recomputes
         # segments) belongs to Backward.
         if micro is None or micro.backward_open:
-            return
-        if micro.forward_depth == 0:
-            micro.forward_start_ns = now_ns
+            return False
         micro.forward_depth += 1
+        if micro.forward_depth == 1:
+            micro.forward_start_ns = now_ns
+            return True
+        return False
 
-    def forward_ended(self, now_ns: int) -> None:
+    def forward_ended(self, now_ns: int) -> bool:
+        """True when this closed Forward (the outermost call returned)."""
         micro, group = self._micro, self._group
         if micro is None or group is None or micro.forward_depth == 0:
-            return
+            return False
         micro.forward_depth -= 1
         if micro.forward_depth == 0:
             elapsed = now_ns - micro.forward_start_ns
             group.forward_ns = (group.forward_ns or 0) + elapsed
             if micro.optimizer_start_ns is not None:
                 micro.nested_ns += elapsed
+            return True
+        return False
 
     def forward_timed(self, start_ns: int, end_ns: int) -> None:
         """One forward, timed by one door after it (``forward_started`` and ``forward_ended``
         in one; the caller counts nested calls itself)."""
         micro, group = self._micro, self._group
-        # Ended inside backward: a recomputation (activation checkpointing), so Backward.
+        # (The one-door wrappers keep recomputations inside backward and nested calls away;
+        # the checks matter only if both timings were ever mixed.)
         if micro is None or group is None or micro.backward_open or micro.forward_depth:
             return
         elapsed = end_ns - start_ns

@@ -21,9 +21,9 @@ only honoured while a training microbatch is open.
 Who does what: ``lightning_attach`` gives the first training fit of the process this callback;
 the callback only translates Lightning's hooks into boundaries of a
 :class:`~traceml.capture.session.Session` (which owns the clock, the parts and the rank file);
-``lightning_instruments`` installs the fetcher / transfer / forward instruments. Every hook and
-instrument callback is a guarded entry point (``traceml.capture.guard``): a failure inside
-traceml turns tracing off with one warning and never reaches the user.
+``lightning_instruments`` installs the fetcher / transfer / backward / forward instruments.
+Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``): a
+failure inside traceml turns tracing off with one warning and never reaches the user.
 """
 
 from __future__ import annotations
@@ -166,9 +166,8 @@ class StepTiming:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self.session.optimizer_started()
 
-    @entry_point(
-        "lightning.on_train_batch_end", "Lightning's on_train_batch_end hook", per_step=True
-    )
+    # Not per_step: it takes the telemetry sampler's queue through that door (once a second).
+    @entry_point("lightning.on_train_batch_end", "Lightning's on_train_batch_end hook")
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         self.session.batch_ended(trainer.global_step, trainer.current_epoch)
 
@@ -191,7 +190,7 @@ class StepTiming:
         if stage == "fit":
             self.session.close()
 
-    # -- instrument callbacks (traceml's side of the fetch, transfer and forward wrappers) --
+    # -- instrument callbacks (traceml's side of the fetch, transfer, backward, forward) --
 
     @entry_point("lightning.fetcher_iter", "the training DataLoader iterator being created")
     def iterator_created(self, start: int, end: int) -> None:
@@ -217,11 +216,12 @@ class StepTiming:
     def transferred(self, start: int) -> None:
         self.session.transferred(start)
 
-    @entry_point("lightning.backward_started", "before the strategy's backward", per_step=True)
+    # Not per_step: the comm timer's own doors run inside these two (DDP's bucket timing).
+    @entry_point("lightning.backward_started", "before the strategy's backward")
     def backward_started(self) -> None:
         self.session.backward_started()
 
-    @entry_point("lightning.backward_ended", "after the strategy's backward", per_step=True)
+    @entry_point("lightning.backward_ended", "after the strategy's backward")
     def backward_ended(self) -> None:
         self.session.backward_ended()
 

@@ -10,11 +10,13 @@
   callback's and the module's backward hooks, the DDP reducer's preparation, ``loss.backward``).
 * Forward: an instance-level ``forward`` on the model's inner network, which pickling,
   deepcopy and ``torch.save`` of the model do not carry (traceml.capture.forward_hooks). Not
-  forward hooks: a module with hooks takes torch's slow call path (~3.5 us per call).
+  forward hooks: a module with hooks takes torch's slow call path (~3.5 us per call). A module
+  whose forward is not a plain method (a scripted one) keeps the hooks.
 
 Where nothing needs a door at a phase's start (no CUDA event to record, no collective to place
-in the phase: a single process without CUDA events), the transfer and the forward are timed by
-one door after the call, whose start is a clock read (a C function that cannot fail).
+in the phase: a single process without CUDA events), the transfer, the forward and the
+backward are timed by one door after the call, whose start is a clock read (a C function that
+cannot fail).
 
 Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
 before and after it goes through the observer's guarded entry points (traceml.capture.guard), so a
@@ -27,7 +29,12 @@ from __future__ import annotations
 from typing import Any
 
 from traceml.capture.clock import clock_ns
-from traceml.capture.forward_hooks import wrap_forward, wrap_forward_once
+from traceml.capture.forward_hooks import (
+    add_forward_hooks,
+    can_wrap_forward,
+    wrap_forward,
+    wrap_forward_once,
+)
 from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
@@ -96,20 +103,31 @@ class Instruments:
 
     def install(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
         self.instrument_fetcher(fetcher)
-        self._wrap_transfer(trainer.strategy)
         observer = self.observer
-        if observer.needs_start_doors():
-            self._wrap_backward(trainer.strategy)
-        else:
-            inside = InBackward()
-            self._wrap_backward_once(trainer.strategy, inside)
+        self._wrap_transfer(trainer.strategy)
         module = forward_module(pl_module)
-        if module is not None:
-            if observer.needs_start_doors():
-                undo = wrap_forward(module, observer.forward_started, observer.forward_ended)
-            else:
-                undo = wrap_forward_once(module, clock_ns, observer.forward_timed, inside)
-            self._undo.append(undo)
+        wrappable = module is None or can_wrap_forward(module)
+        # One door per phase needs both wrappers: the forward's tells a recomputation inside
+        # backward by the backward wrapper's flag (hooks would need the clock's, two doors).
+        one_door = wrappable and not observer.needs_start_doors()
+        inside = InBackward()
+        if one_door:
+            self._wrap_backward_once(trainer.strategy, inside)
+        else:
+            self._wrap_backward(trainer.strategy)
+        if module is None:
+            return
+        if one_door:
+            undo = wrap_forward_once(module, clock_ns, observer.forward_timed, inside)
+        elif wrappable:
+            undo = wrap_forward(module, observer.forward_started, observer.forward_ended)
+        else:  # a forward that is not a plain method (a scripted module): hooks, as before
+            undo = add_forward_hooks(
+                module,
+                lambda _module, _inputs: observer.forward_started(),
+                lambda _module, _inputs, _output: observer.forward_ended(),
+            )
+        self._undo.append(undo)
 
     def instrument_fetcher(self, fetcher: Any) -> None:
         """Input Wait: the one training fetcher gets a timing subclass of its own class (also
@@ -149,13 +167,9 @@ class Instruments:
                 observer.transferred(start)
                 return result
 
-        strategy.batch_to_device = timed_batch_to_device
-
-        def restore_transfer() -> None:
-            if strategy.__dict__.get("batch_to_device") is timed_batch_to_device:
-                del strategy.batch_to_device
-
-        self._undo.append(restore_transfer)
+        self._undo.append(
+            _set_instance_attribute(strategy, "batch_to_device", timed_batch_to_device)
+        )
 
     def _wrap_backward(self, strategy: Any) -> None:
         original_backward = strategy.backward
@@ -163,17 +177,12 @@ class Instruments:
 
         def timed_backward(*args: Any, **kwargs: Any) -> Any:
             observer.backward_started()
-            result = original_backward(*args, **kwargs)  # the user's errors pass through
-            observer.backward_ended()
-            return result
+            try:
+                return original_backward(*args, **kwargs)  # the user's errors pass through
+            finally:
+                observer.backward_ended()
 
-        strategy.backward = timed_backward
-
-        def restore_backward() -> None:
-            if strategy.__dict__.get("backward") is timed_backward:
-                del strategy.backward
-
-        self._undo.append(restore_backward)
+        self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
 
     def _wrap_backward_once(self, strategy: Any, inside: InBackward) -> None:
         """Backward with one door after it. ``inside.depth`` (an integer on traceml's own
@@ -193,13 +202,7 @@ class Instruments:
                 inside.depth = 0
                 observer.backward_timed(start)
 
-        strategy.backward = timed_backward
-
-        def restore_backward() -> None:
-            if strategy.__dict__.get("backward") is timed_backward:
-                del strategy.backward
-
-        self._undo.append(restore_backward)
+        self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
 
     def add_undo(self, undo: Any) -> None:
         self._undo.append(undo)
@@ -213,3 +216,20 @@ class Instruments:
             except Exception:
                 pass
         undo_all(self._undo)
+
+
+def _set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Any:
+    """``owner.<name> = wrapper`` on this instance; the undo puts back what the instance had
+    (its own attribute, if someone set one, else none) unless the attribute changed since."""
+    missing = object()
+    previous = owner.__dict__.get(name, missing)
+    setattr(owner, name, wrapper)
+
+    def restore() -> None:
+        if owner.__dict__.get(name) is wrapper:
+            if previous is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, previous)
+
+    return restore

@@ -1,0 +1,61 @@
+"""The Lightning strategy wrappers' bookkeeping, on stand-ins (pure logic; on real Lightning:
+test_attribution.py, test_fault_injection.py, test_transparency.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from traceml.capture.frameworks.lightning_instruments import Instruments, _set_instance_attribute
+
+
+class Strategy:
+    def backward(self, loss):
+        if loss == "raise":
+            raise ValueError("the user's backward failed")
+        return loss
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def backward_started(self) -> None:
+        self.calls.append("started")
+
+    def backward_ended(self) -> None:
+        self.calls.append("ended")
+
+    def backward_timed(self, start: int) -> None:
+        self.calls.append("timed")
+
+
+def test_the_undo_gives_back_an_instance_attribute_that_was_there_before():
+    strategy = Strategy()
+    theirs = strategy.backward
+    strategy.backward = theirs  # someone's own instance-level backward
+    undo = _set_instance_attribute(strategy, "backward", lambda loss: loss)
+    undo()
+    assert strategy.__dict__["backward"] is theirs
+    plain = Strategy()
+    _set_instance_attribute(plain, "backward", lambda loss: loss)()
+    assert "backward" not in vars(plain)
+
+
+@pytest.mark.parametrize("one_door", [True, False])
+def test_a_raising_backward_passes_through_and_leaves_nothing_open(one_door):
+    from traceml.capture.frameworks.lightning_instruments import InBackward
+
+    strategy, observer = Strategy(), Observer()
+    instruments = Instruments(observer)
+    inside = InBackward()
+    if one_door:
+        instruments._wrap_backward_once(strategy, inside)
+    else:
+        instruments._wrap_backward(strategy)
+    with pytest.raises(ValueError, match="the user's backward failed"):
+        strategy.backward("raise")
+    assert inside.depth == 0
+    assert observer.calls == (["timed"] if one_door else ["started", "ended"])
+    assert strategy.backward("loss") == "loss"
+    instruments.remove()
+    assert "backward" not in vars(strategy)
