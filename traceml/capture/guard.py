@@ -139,7 +139,8 @@ def factory(_g_function, _g_name, _g_default):
     return guarded
 """
 # The same for a per-step door: no nesting bookkeeping (three calls on a set per door, ~0.15 us,
-# ~8 doors a step). Its cost is counted whole; it is never inside another door.
+# 5-7 such doors a step). Its cost is counted whole: it is never inside another door and
+# enters none (see entry_point's per_step).
 _PER_STEP_BODY = """
 def factory(_g_function, _g_name, _g_default):
     def guarded({params}):
