@@ -53,6 +53,8 @@ STRESS = {"TINY_VALIDATE": 0}
 # slowed by other processes lie above it; periodic costs such as the flusher's write, ~1 in 150
 # batches, lie above it too and are counted in traceml_us instead). Set from --clock.
 CLOCK = {"field": "seconds"}
+# Clocks counted under callgrind (deterministic: the same run gives the same count).
+SIMULATED = ("instructions", "cycles")
 # --clock instructions: the callgrind window (callgrind_window.py) and the stretch of traceml's
 # time-based intervals (a batch under callgrind takes ~this many times as long in wall time).
 CG: dict = {"library": "", "warm": 300, "batches": 400, "scale": 60.0}
@@ -60,7 +62,7 @@ CG: dict = {"library": "", "warm": 300, "batches": 400, "scale": 60.0}
 
 def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
     """The loop time of one run by CLOCK (or its window's instructions) and its batch count."""
-    if CLOCK["field"] == "instructions":
+    if CLOCK["field"] in SIMULATED:
         return loop_instructions(script, env, cwd)
     workdir = Path(env["RFD_WORKDIR"])
     try:
@@ -88,8 +90,14 @@ def loop_instructions(script: Path, env: dict[str, str], cwd: Path) -> tuple[flo
         "TINY_BATCHES": str(CG["warm"] + CG["batches"] + 10),
     }
     try:
-        run([*callgrind_window.valgrind_prefix(dumps), PYTHON, script], env, cwd, timeout=3600)
-        return callgrind_window.window_instructions(dumps), CG["batches"]
+        cycles = CLOCK["field"] == "cycles"
+        prefix = callgrind_window.valgrind_prefix(dumps, cache_sim=cycles)
+        run([*prefix, PYTHON, script], env, cwd, timeout=3600)
+        events = callgrind_window.window_events(dumps)
+        if cycles:
+            print(f"    events: {events}", flush=True)
+            return callgrind_window.estimated_cycles(events), CG["batches"]
+        return events["Ir"], CG["batches"]
     finally:
         shutil.rmtree(dumps, ignore_errors=True)
         shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
@@ -206,11 +214,12 @@ def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
                 + " ".join(f"{n}={per_batch[n][-1]:.1f}" for n in names),
                 flush=True,
             )
-        if CLOCK["field"] == "instructions" and "plain" not in per_batch:
+        if CLOCK["field"] in SIMULATED and "plain" not in per_batch:
             for name, values_ in per_batch.items():  # an A/B of traced variants only
-                print(f"  {name}: {statistics.median(values_) / 1e6:,.0f} instructions per batch")
+                per = statistics.median(values_) / 1e6
+                print(f"  {name}: {per:,.0f} {CLOCK['field']} per batch")
             return
-        if CLOCK["field"] == "instructions":
+        if CLOCK["field"] in SIMULATED:
             to_us(per_batch, native_plain_us(work, workload))
             own_us = own_cost_us(work / "logs", "native*")
         else:
@@ -220,14 +229,14 @@ def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
 
 def native_plain_us(work: Path, workload: dict[str, object], pairs: int = 3) -> float:
     """Plain (and traced, for their records' traceml_us) at native speed, p25 per batch."""
-    CLOCK["field"] = "p25_seconds"
+    simulated, CLOCK["field"] = CLOCK["field"], "p25_seconds"
     plain: list[float] = []
     for index in range(pairs):
         env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"native-plain{index}", **workload)
         seconds, count = loop_seconds(TINY, env, work)
         plain.append(seconds / count * 1e6)
         loop_seconds(TINY, traced_env(work, f"native{index}", workload), work)
-    CLOCK["field"] = "instructions"
+    CLOCK["field"] = simulated
     print(f"  native plain loop (p25): {describe(plain, ' us')} per batch", flush=True)
     return statistics.median(plain)
 
@@ -237,10 +246,10 @@ def to_us(per_batch: dict[str, list[float]], plain_us: float) -> None:
     native rate (instructions per microsecond of the plain loop on this machine)."""
     rate = statistics.median(per_batch["plain"]) / 1e6 / plain_us
     print(
-        "  instructions per batch: "
+        f"  {CLOCK['field']} per batch: "
         + " ".join(f"{name}={statistics.median(v) / 1e6:.0f}" for name, v in per_batch.items())
     )
-    print(f"  plain loop: {rate:.0f} instructions per us (native p25)", flush=True)
+    print(f"  plain loop: {rate:.0f} {CLOCK['field']} per us (native p25)", flush=True)
     for values_ in per_batch.values():
         values_[:] = [v / 1e6 / rate for v in values_]
 
@@ -338,9 +347,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--clock",
-        choices=("wall", "cpu", "p25", "instructions"),
+        choices=("wall", "cpu", "p25", *SIMULATED),
         default="wall",
-        help="loop time compared (instructions: under callgrind, budget only)",
+        help="loop time compared (instructions, cycles: under callgrind, budget only; cycles "
+        "simulates the caches and counts callgrind's cycle estimate)",
     )
     parser.add_argument(
         "--variants",
@@ -352,10 +362,11 @@ def main() -> None:
         "cpu": "cpu_seconds",
         "p25": "p25_seconds",
         "instructions": "instructions",
+        "cycles": "cycles",
     }[args.clock]
-    if args.clock == "instructions":
+    if args.clock in SIMULATED:
         if not args.budget:
-            parser.error("--clock instructions goes with --budget")
+            parser.error(f"--clock {args.clock} goes with --budget")
         CG["library"] = str(callgrind_window.build_library(Path(tempfile.mkdtemp())))
     print(f"clock: {args.clock} time of the loop body", flush=True)
     if args.doors:

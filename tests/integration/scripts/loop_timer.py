@@ -52,9 +52,10 @@ def install(package: str) -> None:
     def report() -> None:
         ordered = sorted(durations) or [0.0]
         p25 = ordered[len(ordered) // 4] * len(durations)
+        p50 = ordered[len(ordered) // 2] * len(durations)
         print(
             f"LOOP_TIMER seconds={totals['seconds']:.6f} cpu_seconds={totals['cpu_seconds']:.6f} "
-            f"p25_seconds={p25:.6f} batches={totals['batches']}",
+            f"p25_seconds={p25:.6f} p50_seconds={p50:.6f} batches={totals['batches']}",
             flush=True,
         )
 
