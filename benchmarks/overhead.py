@@ -53,6 +53,8 @@ STRESS = {"TINY_VALIDATE": 0}
 # slowed by other processes lie above it; periodic costs such as the flusher's write, ~1 in 150
 # batches, lie above it too and are counted in traceml_us instead). Set from --clock.
 CLOCK = {"field": "seconds"}
+# The last run's whole LOOP_TIMER line (bench() reports its percentiles too).
+LAST_TIMER: dict[str, float] = {}
 # Clocks counted under callgrind (deterministic: the same run gives the same count).
 SIMULATED = ("instructions", "cycles")
 # --clock instructions: the callgrind window (callgrind_window.py) and the stretch of traceml's
@@ -73,6 +75,8 @@ def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, f
     if env.get("BUDGET_OFF") and door != [f"BUDGET_OFF applied={env['BUDGET_OFF']}"]:
         raise RuntimeError(f"door {env['BUDGET_OFF']} was not switched off: {door}")
     timer = values(result.stdout, "LOOP_TIMER")
+    LAST_TIMER.clear()
+    LAST_TIMER.update(timer)
     return timer[CLOCK["field"]], timer["batches"]
 
 
@@ -121,20 +125,26 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
         work = Path(tmp)
         counter = {"n": 0}
         batches: list[float] = []
+        # The batches' percentiles per run (seconds x batches), by variant: a batch slowed by
+        # another process lies above them, so they move less with the machine than the sum.
+        percentiles: dict[str, list[dict[str, float]]] = {"plain": [], "traced": []}
+
+        def keep(variant: str, seconds: float, count: float) -> float:
+            batches.append(count)
+            percentiles[variant].append(
+                {k: LAST_TIMER[k] for k in ("p25_seconds", "p50_seconds") if k in LAST_TIMER}
+            )
+            return seconds
 
         def plain() -> float:
             counter["n"] += 1
             env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"plain{counter['n']}", **workload)
-            seconds, count = loop_seconds(script, env, work)
-            batches.append(count)
-            return seconds
+            return keep("plain", *loop_seconds(script, env, work))
 
         def traced() -> float:
             counter["n"] += 1
             env = traced_env(work, f"run{counter['n']}", workload)
-            seconds, count = loop_seconds(script, env, work)
-            batches.append(count)
-            return seconds
+            return keep("traced", *loop_seconds(script, env, work))
 
         print(f"{name}: {pairs} pairs (plain vs traced)", flush=True)
         plain_s, traced_s = alternate(pairs, plain, traced, label=name)
@@ -150,6 +160,14 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
         f"  added per batch: median {statistics.median(added_us):.1f} us "
         f"(min {min(added_us):.1f}, max {max(added_us):.1f})"
     )
+    for field in ("p50_seconds", "p25_seconds"):
+        pairs = list(zip(percentiles["plain"], percentiles["traced"], strict=True))
+        if pairs and all(field in p and field in t for p, t in pairs):
+            added = [(t[field] - p[field]) / steps * 1e6 for p, t in pairs]
+            print(
+                f"  added per batch by the {field[:3]} batch: median "
+                f"{statistics.median(added):.1f} us (min {min(added):.1f}, max {max(added):.1f})"
+            )
     print(f"  traceml_us in the records (median step, median over runs): {own_us:.1f} us")
     return {"ratio": ratio, "added_us": statistics.median(added_us), "steps": steps}
 
