@@ -81,21 +81,6 @@ def window_events(out_dir: Path) -> dict[str, int]:
     return found_events[0]
 
 
-def window_instructions(out_dir: Path) -> int:
-    """The instruction count of the one window dump under ``out_dir``."""
-    counts = []
-    for path in out_dir.glob("cg.*"):
-        text = path.read_text(errors="replace")
-        if "Client Request: window" not in text:
-            continue
-        found = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
-        if found:
-            counts.append(int(found.group(1)))
-    if len(counts) != 1:
-        raise RuntimeError(f"expected one window dump in {out_dir}, found {len(counts)}")
-    return counts[0]
-
-
 def out_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="traceml-cg-"))
 

@@ -53,8 +53,6 @@ STRESS = {"TINY_VALIDATE": 0}
 # slowed by other processes lie above it; periodic costs such as the flusher's write, ~1 in 150
 # batches, lie above it too and are counted in traceml_us instead). Set from --clock.
 CLOCK = {"field": "seconds"}
-# The last run's whole LOOP_TIMER line (bench() reports its percentiles too).
-LAST_TIMER: dict[str, float] = {}
 # Clocks counted under callgrind (deterministic: the same run gives the same count).
 SIMULATED = ("instructions", "cycles")
 # --clock instructions: the callgrind window (callgrind_window.py) and the stretch of traceml's
@@ -66,6 +64,12 @@ def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, f
     """The loop time of one run by CLOCK (or its window's instructions) and its batch count."""
     if CLOCK["field"] in SIMULATED:
         return loop_instructions(script, env, cwd)
+    timer = loop_timer(script, env, cwd)
+    return timer[CLOCK["field"]], timer["batches"]
+
+
+def loop_timer(script: Path, env: dict[str, str], cwd: Path) -> dict[str, float]:
+    """One native run's whole LOOP_TIMER line (every clock, the batch count)."""
     workdir = Path(env["RFD_WORKDIR"])
     try:
         result = run([PYTHON, script], env, cwd)
@@ -74,10 +78,7 @@ def loop_seconds(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, f
     door = [line for line in result.stdout.splitlines() if line.startswith("BUDGET_OFF")]
     if env.get("BUDGET_OFF") and door != [f"BUDGET_OFF applied={env['BUDGET_OFF']}"]:
         raise RuntimeError(f"door {env['BUDGET_OFF']} was not switched off: {door}")
-    timer = values(result.stdout, "LOOP_TIMER")
-    LAST_TIMER.clear()
-    LAST_TIMER.update(timer)
-    return timer[CLOCK["field"]], timer["batches"]
+    return values(result.stdout, "LOOP_TIMER")
 
 
 def loop_instructions(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
@@ -125,26 +126,24 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
         work = Path(tmp)
         counter = {"n": 0}
         batches: list[float] = []
-        # The batches' percentiles per run (seconds x batches), by variant: a batch slowed by
-        # another process lies above them, so they move less with the machine than the sum.
-        percentiles: dict[str, list[dict[str, float]]] = {"plain": [], "traced": []}
+        # Each run's whole loop timer, by variant: its p50/p25 batch (times the batch count) are
+        # reported too; a batch slowed by another process lies above them.
+        timers: dict[str, list[dict[str, float]]] = {"plain": [], "traced": []}
 
-        def keep(variant: str, seconds: float, count: float) -> float:
-            batches.append(count)
-            percentiles[variant].append(
-                {k: LAST_TIMER[k] for k in ("p25_seconds", "p50_seconds") if k in LAST_TIMER}
-            )
-            return seconds
+        def keep(variant: str, env: dict[str, str]) -> float:
+            timer = loop_timer(script, env, work)
+            batches.append(timer["batches"])
+            timers[variant].append(timer)
+            return timer[CLOCK["field"]]
 
         def plain() -> float:
             counter["n"] += 1
             env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"plain{counter['n']}", **workload)
-            return keep("plain", *loop_seconds(script, env, work))
+            return keep("plain", env)
 
         def traced() -> float:
             counter["n"] += 1
-            env = traced_env(work, f"run{counter['n']}", workload)
-            return keep("traced", *loop_seconds(script, env, work))
+            return keep("traced", traced_env(work, f"run{counter['n']}", workload))
 
         print(f"{name}: {pairs} pairs (plain vs traced)", flush=True)
         plain_s, traced_s = alternate(pairs, plain, traced, label=name)
@@ -160,12 +159,12 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
         f"  added per batch: median {statistics.median(added_us):.1f} us "
         f"(min {min(added_us):.1f}, max {max(added_us):.1f})"
     )
-    for field in ("p50_seconds", "p25_seconds"):
-        pairs = list(zip(percentiles["plain"], percentiles["traced"], strict=True))
-        if pairs and all(field in p and field in t for p, t in pairs):
-            added = [(t[field] - p[field]) / steps * 1e6 for p, t in pairs]
+    runs = list(zip(timers["plain"], timers["traced"], strict=True))
+    for label, field in (("p50", "p50_seconds"), ("p25", "p25_seconds")):
+        if all(field in p and field in t for p, t in runs):  # an older loop timer has no p50
+            added = [(t[field] - p[field]) / steps * 1e6 for p, t in runs]
             print(
-                f"  added per batch by the {field[:3]} batch: median "
+                f"  added per batch by the {label} batch: median "
                 f"{statistics.median(added):.1f} us (min {min(added):.1f}, max {max(added):.1f})"
             )
     print(f"  traceml_us in the records (median step, median over runs): {own_us:.1f} us")
