@@ -134,10 +134,16 @@ def synthetic_run(
     seed: int = 0,
     noise: float = 0.05,
     per_rank: dict[int, dict[str, float]] | None = None,
+    synchronised: bool = False,
     **means: float,
 ) -> Path:
     """A run whose phase times scatter (gaussian, ``noise`` relative sd) around ``means``
-    (ms per step, keys as in :func:`step`); ``per_rank`` overrides means for some ranks."""
+    (ms per step, keys as in :func:`step`); ``per_rank`` overrides means for some ranks.
+
+    ``synchronised``: the ranks meet in an all-reduce at the end of Backward, as under DDP.
+    Each rank then also waits there for the last one to arrive (its work since the previous
+    all-reduce: that step's Optimizer and Residual, this step's Input Wait to Backward's own
+    part), added to its Backward and ``comm_backward``."""
     import random
 
     rng = random.Random(seed)
@@ -153,4 +159,23 @@ def synthetic_run(
                 for _ in range(steps)
             ]
         )
+    if synchronised:
+        _meet_in_backward(phases_per_rank)
     return write_run(run_dir, phases_per_rank)
+
+
+def _meet_in_backward(phases_per_rank: list[list[dict[str, float]]]) -> None:
+    carried = [0.0] * len(phases_per_rank)
+    for index in range(len(phases_per_rank[0])):
+        steps = [rank_steps[index] for rank_steps in phases_per_rank]
+        arrivals = [
+            carry
+            + sum(s.get(k, 0.0) for k in ("input", "h2d", "forward", "backward"))
+            - s.get("comm_backward", 0.0)
+            for carry, s in zip(carried, steps, strict=True)
+        ]
+        last = max(arrivals)
+        for rank, s in enumerate(steps):
+            s["backward"] = s.get("backward", 0.0) + last - arrivals[rank]
+            s["comm_backward"] = s.get("comm_backward", 0.0) + last - arrivals[rank]
+            carried[rank] = s.get("optimizer", 0.0) + s.get("residual", 0.0)

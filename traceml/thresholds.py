@@ -42,6 +42,10 @@ THRESHOLDS: dict[str, float] = {
     "straggler_warn": 1.20,
     "straggler_critical": 1.50,
     "straggler_min_ms": 1.0,
+    # Where waits on other ranks are timed, the others must also wait longer than the slow rank
+    # by at least this share of its excess own time: a straggler makes the others wait. Two
+    # ranks sharing noisy cores can differ in own-time medians while waiting alike (CI, stop 34).
+    "straggler_wait_share": 0.5,
     # Share of step time that even the rank waiting least spends blocked in communication
     # (collectives, DDP's gradient buckets): COMM_BOUND.
     "comm_warn": 0.25,

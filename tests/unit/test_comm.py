@@ -634,3 +634,20 @@ def test_a_user_comm_hook_registered_after_traceml_attached_is_the_one_that_runs
     assert "can only be called once" in outcome["twice"]
     assert outcome["late_hooks"] == ["user state"]
     assert outcome["calls"] == ["user state", "user state"]
+
+
+def test_longer_own_time_without_longer_waits_for_the_others_is_no_straggler(tmp_path):
+    # Rank 1's own time is 1.5x rank 0's, yet both wait 70 ms a step: nobody waits for rank 1
+    # (seen on CI: two ranks on two busy cores, own-time medians apart, waits alike).
+    base = dict(input=10, forward=75, backward=320, optimizer=160, residual=30, comm_backward=70)
+    per_rank = {1: {**base, "optimizer": 400}}
+    synthetic_run(tmp_path / "waits-alike", ranks=2, noise=0.02, per_rank=per_rank, **base)
+    kinds = [v["kind"] for v in summarise(tmp_path / "waits-alike")[0]["verdicts"]]
+    assert "STRAGGLER" not in kinds
+    # The same ranks meeting in the all-reduce: rank 0 now waits for rank 1.
+    run = tmp_path / "synchronised"
+    synthetic_run(run, ranks=2, noise=0.02, per_rank=per_rank, synchronised=True, **base)
+    straggler = next(v for v in summarise(run)[0]["verdicts"] if v["kind"] == "STRAGGLER")
+    assert straggler["evidence"]["rank"] == 1
+    assert straggler["evidence"]["cause_phase"] == schema.OPTIMIZER
+    assert straggler["evidence"]["others_wait_ms"] > straggler["evidence"]["rank_wait_ms"] + 200

@@ -88,6 +88,10 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
     severity = severity_for(ratio, limits["straggler_warn"], limits["straggler_critical"])
     if severity is None:
         return None
+    waits = _others_wait(fields, slowest, method)
+    if waits is not None and waits[0] - waits[1] < limits["straggler_wait_share"] * cost:
+        # Its own time is longer, yet the others do not wait for it: noise, not a straggler.
+        return None
     excess = _phase_excess(fields, phase_fields, slowest)
     cause = max(excess, key=lambda p: excess[p]) if excess else None
     if cause is not None and excess[cause] <= 0:
@@ -101,7 +105,6 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
         ),
     }[method]
     cause_text = f", mostly in {cause_label} (+{excess[cause]:.1f} ms)" if cause else ""
-    waits = _others_wait(fields, slowest, method)
     wait_text = (
         f" (the other ranks' median wait: {waits[0]:.1f} ms per step, rank {slowest}'s: "
         f"{waits[1]:.1f} ms)"
@@ -126,6 +129,8 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
         cost_ms_per_step=cost,
         cause_phase=cause,
         excess_ms=excess,
+        others_wait_ms=waits[0] if waits else None,
+        rank_wait_ms=waits[1] if waits else None,
     )
 
 
