@@ -96,15 +96,9 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
     cause = max(excess, key=lambda p: excess[p]) if excess else None
     if cause is not None and excess[cause] <= 0:
         cause = None
-    cause_label = _cause_label(cause, method)
-    what = {
-        "device": "its own time (device time not spent waiting on other ranks, plus Input Wait)",
-        "waits": "its own time (step minus its waits on other ranks)",
-        "legacy": (
-            "its own work (step minus Backward)" if basis == schema.OWN_MS else "its step time"
-        ),
-    }[method]
-    cause_text = f", mostly in {cause_label} (+{excess[cause]:.1f} ms)" if cause else ""
+    cause_text = (
+        f", mostly in {_cause_label(cause, method)} (+{excess[cause]:.1f} ms)" if cause else ""
+    )
     wait_text = (
         f" (the other ranks' median wait: {waits[0]:.1f} ms per step, rank {slowest}'s: "
         f"{waits[1]:.1f} ms)"
@@ -115,7 +109,8 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
     return new_verdict(
         STRAGGLER,
         severity,
-        f"Rank {slowest} is slow: {what} is {ratio:.2f}x the other ranks' median "
+        f"Rank {slowest} is slow: {_own_time_words(method, basis)} is {ratio:.2f}x the other "
+        f"ranks' median "
         f"({slow_value:.1f} ms vs {reference:.1f} ms){cause_text}. It costs the job about "
         f"{cost:.1f} ms per step{wait_text}.",
         f"The other ranks wait for rank {slowest} every step: {advice}.",
@@ -132,6 +127,14 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
         others_wait_ms=waits[0] if waits else None,
         rank_wait_ms=waits[1] if waits else None,
     )
+
+
+def _own_time_words(method: str, basis: str) -> str:
+    if method == "device":
+        return "its own time (device time not spent waiting on other ranks, plus Input Wait)"
+    if method == "waits":
+        return "its own time (step minus its waits on other ranks)"
+    return "its own work (step minus Backward)" if basis == schema.OWN_MS else "its step time"
 
 
 def _cause_label(cause: str | None, method: str) -> str:
