@@ -81,9 +81,12 @@ def loop_timer(script: Path, env: dict[str, str], cwd: Path) -> dict[str, float]
     return values(result.stdout, "LOOP_TIMER")
 
 
-def loop_instructions(script: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    """Run under callgrind; the instructions of CG["batches"] loop batches after CG["warm"]."""
-    dumps = callgrind_window.out_dir()
+def loop_instructions(
+    script: Path, env: dict[str, str], cwd: Path, keep: Path | None = None
+) -> tuple[float, float]:
+    """Run under callgrind; the instructions of CG["batches"] loop batches after CG["warm"].
+    ``keep``: an empty folder for callgrind's dumps, left in place (callgrind_profile.py)."""
+    dumps = keep or callgrind_window.out_dir()
     paths = [str(HERE), *filter(None, [env.get("PYTHONPATH")])]
     env = {
         **env,
@@ -104,7 +107,8 @@ def loop_instructions(script: Path, env: dict[str, str], cwd: Path) -> tuple[flo
             return callgrind_window.estimated_cycles(events), CG["batches"]
         return events["Ir"], CG["batches"]
     finally:
-        shutil.rmtree(dumps, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(dumps, ignore_errors=True)
         shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
 
 
