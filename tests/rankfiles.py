@@ -143,7 +143,8 @@ def synthetic_run(
     ``synchronised``: the ranks meet in an all-reduce at the end of Backward, as under DDP.
     Each rank then also waits there for the last one to arrive (its work since the previous
     all-reduce: that step's Optimizer and Residual, this step's Input Wait to Backward's own
-    part), added to its Backward and ``comm_backward``."""
+    part); the transfer itself takes rank 0's ``comm_backward`` on every rank, so all leave
+    together. Backward is its own part plus the wait and the transfer."""
     import random
 
     rng = random.Random(seed)
@@ -168,14 +169,14 @@ def _meet_in_backward(phases_per_rank: list[list[dict[str, float]]]) -> None:
     carried = [0.0] * len(phases_per_rank)
     for index in range(len(phases_per_rank[0])):
         steps = [rank_steps[index] for rank_steps in phases_per_rank]
+        own_backward = [s.get("backward", 0.0) - s.get("comm_backward", 0.0) for s in steps]
         arrivals = [
-            carry
-            + sum(s.get(k, 0.0) for k in ("input", "h2d", "forward", "backward"))
-            - s.get("comm_backward", 0.0)
-            for carry, s in zip(carried, steps, strict=True)
+            carry + own + sum(s.get(k, 0.0) for k in ("input", "h2d", "forward"))
+            for carry, own, s in zip(carried, own_backward, steps, strict=True)
         ]
         last = max(arrivals)
+        transfer = steps[0].get("comm_backward", 0.0)
         for rank, s in enumerate(steps):
-            s["backward"] = s.get("backward", 0.0) + last - arrivals[rank]
-            s["comm_backward"] = s.get("comm_backward", 0.0) + last - arrivals[rank]
+            s["comm_backward"] = last - arrivals[rank] + transfer
+            s["backward"] = max(0.0, own_backward[rank]) + s["comm_backward"]
             carried[rank] = s.get("optimizer", 0.0) + s.get("residual", 0.0)

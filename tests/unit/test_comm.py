@@ -15,7 +15,7 @@ from traceml.capture.instruments.distributed import COLLECTIVES, CommTimer, payl
 from traceml.capture.step_clock import StepClock
 from traceml.finalize import summarise
 
-from rankfiles import footer, header, synthetic_run, write_rank
+from rankfiles import footer, header, synthetic_run, write_rank, write_run
 
 MS = 1_000_000
 
@@ -651,3 +651,21 @@ def test_longer_own_time_without_longer_waits_for_the_others_is_no_straggler(tmp
     assert straggler["evidence"]["rank"] == 1
     assert straggler["evidence"]["cause_phase"] == schema.OPTIMIZER
     assert straggler["evidence"]["others_wait_ms"] > straggler["evidence"]["rank_wait_ms"] + 200
+
+
+def test_a_straggler_the_others_wait_for_only_at_periodic_syncs_is_found(tmp_path):
+    # The ranks meet every 4th step only (periodic averaging): rank 0 then waits for the
+    # 4 x 40 ms rank 1 fell behind. Its median wait is 0; its mean, 40 ms a step, is the cost.
+    steps = 40
+    base = dict(input=5, forward=30, backward=40, optimizer=10, residual=5)
+    fast = [
+        {**base, "residual": 5 + (160 if i % 4 == 3 else 0), "comm_residual": 160 * (i % 4 == 3)}
+        for i in range(steps)
+    ]
+    slow = [{**base, "forward": 70, "comm_residual": 0} for _ in range(steps)]
+    write_run(tmp_path, [fast, slow])
+    summary = summarise(tmp_path)[0]
+    assert summary["imbalance"]["fields"]["comm_ms"]["rank_medians_ms"]["0"] == 0
+    straggler = next(v for v in summary["verdicts"] if v["kind"] == "STRAGGLER")
+    assert straggler["evidence"]["rank"] == 1
+    assert straggler["evidence"]["cause_phase"] == schema.FORWARD

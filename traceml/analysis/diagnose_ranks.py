@@ -89,7 +89,7 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
     if severity is None:
         return None
     waits = _others_wait(fields, slowest, method)
-    if waits is not None and waits[0] - waits[1] < limits["straggler_wait_share"] * cost:
+    if not _others_wait_for_it(fields, slowest, method, limits["straggler_wait_share"] * cost):
         # Its own time is longer, yet the others do not wait for it: noise, not a straggler.
         return None
     excess = _phase_excess(fields, phase_fields, slowest)
@@ -145,15 +145,29 @@ def _cause_label(cause: str | None, method: str) -> str:
     return schema.PHASE_LABELS[cause]
 
 
-def _others_wait(fields: dict[str, Any], slowest: int, method: str) -> tuple[float, float] | None:
+def _others_wait(
+    fields: dict[str, Any], slowest: int, method: str, per_step: str = "rank_medians_ms"
+) -> tuple[float, float] | None:
+    """(the other ranks' median of ``per_step`` wait, the slowest rank's), where waits are
+    timed."""
     entry = fields.get(schema.GPU_COMM if method == "device" else schema.COMM)
-    if method == "legacy" or not entry:
+    if method == "legacy" or not entry or per_step not in entry:
         return None
-    medians = entry["rank_medians_ms"]
-    others = [v for key, v in medians.items() if key != str(slowest)]
-    if str(slowest) not in medians or not others:
+    values = entry[per_step]
+    others = [v for key, v in values.items() if key != str(slowest)]
+    if str(slowest) not in values or not others:
         return None
-    return stats.quantile_sorted(sorted(others), 0.5), medians[str(slowest)]
+    return stats.quantile_sorted(sorted(others), 0.5), values[str(slowest)]
+
+
+def _others_wait_for_it(fields: dict[str, Any], slowest: int, method: str, needed: float) -> bool:
+    """Whether the others wait longer than the slowest rank by ``needed`` ms per step, on
+    average (a wait every few steps, periodic syncs, counts spread over the steps); True where
+    waits are not timed (older files) or ``needed`` is 0 (straggler_wait_share=0: no check)."""
+    means = _others_wait(fields, slowest, method, "rank_means_ms")
+    if means is None or needed <= 0:
+        return True
+    return means[0] - means[1] >= needed
 
 
 def comm_bound(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any] | None:

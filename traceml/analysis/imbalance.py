@@ -46,6 +46,12 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             "median_across_ranks_ms": middle,
             "median_of_others_ms": others,
             "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
+            # Means too: a wait that comes every few steps (periodic syncs) has a median of 0.
+            "rank_means_ms": {
+                str(e[schema.RANK]): e[schema.PHASE_STATS][fieldname]["mean"]
+                for e in with_data
+                if e[schema.PHASE_STATS].get(fieldname)
+            },
         }
     own = fields.get(schema.GPU_OWN_MS) or fields.get(schema.OWN_MS) or fields.get(schema.STEP)
     return {
