@@ -110,8 +110,8 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
         STRAGGLER,
         severity,
         f"Rank {slowest} is slow: {_own_time_words(method, basis)} is {ratio:.2f}x the other "
-        f"ranks' median "
-        f"({slow_value:.1f} ms vs {reference:.1f} ms){cause_text}. It costs the job about "
+        f"ranks' median ({slow_value:.1f} ms vs {reference:.1f} ms){cause_text}. It costs the "
+        "job about "
         f"{cost:.1f} ms per step{wait_text}.",
         f"The other ranks wait for rank {slowest} every step: {advice}.",
         ratio - 1.0,

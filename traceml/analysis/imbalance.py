@@ -26,11 +26,12 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     fields: dict[str, Any] = {}
     for fieldname in _RANK_COMPARED:
-        medians = {
-            e[schema.RANK]: e[schema.PHASE_STATS][fieldname]["median"]
+        per_rank = {
+            e[schema.RANK]: e[schema.PHASE_STATS][fieldname]
             for e in with_data
             if e[schema.PHASE_STATS].get(fieldname)
         }
+        medians = {rank: entry["median"] for rank, entry in per_rank.items()}
         if len(medians) < 2:
             continue
         middle = stats.quantile_sorted(sorted(medians.values()), 0.5)
@@ -47,11 +48,7 @@ def _imbalance(rank_entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             "median_of_others_ms": others,
             "rank_medians_ms": {str(rank): value for rank, value in medians.items()},
             # Means too: a wait that comes every few steps (periodic syncs) has a median of 0.
-            "rank_means_ms": {
-                str(e[schema.RANK]): e[schema.PHASE_STATS][fieldname]["mean"]
-                for e in with_data
-                if e[schema.PHASE_STATS].get(fieldname)
-            },
+            "rank_means_ms": {str(rank): entry["mean"] for rank, entry in per_rank.items()},
         }
     own = fields.get(schema.GPU_OWN_MS) or fields.get(schema.OWN_MS) or fields.get(schema.STEP)
     return {
