@@ -198,3 +198,54 @@ def test_a_closed_step_counts_its_overlap_when_its_record_is_built():
     assert clock.overlaps == 1
     assert record[schema.RESIDUAL] == 0.0 and record[schema.STEP] == 18.0
     assert clock.batch_closed(14 * MS) is None  # no microbatch open
+
+
+def _one_door_microbatch(clock: StepClock, t0: int, stepped: bool):
+    """fetch 0-10, h2d 11-13, forward 14-24, backward 26-40, end 47 (ms); no optimizer hook."""
+    clock.fetched(t0, t0 + 10 * MS)
+    clock.transferred(t0 + 11 * MS, t0 + 13 * MS)
+    clock.forward_timed(t0 + 14 * MS, t0 + 24 * MS)
+    clock.backward_timed(t0 + 26 * MS, t0 + 40 * MS)
+    closed = clock.batch_closed(t0 + 47 * MS, stepped=stepped)
+    return None if closed is None else closed.record()
+
+
+def test_without_an_optimizer_hook_the_window_opens_at_the_backward_end():
+    """optimizer_from_backward (Lightning's one-door timing): Optimizer spans the first
+    backward's end to the batch end; a closure re-run inside it (LBFGS) stays
+    Forward/Backward; a microbatch that did not step waits for the next one."""
+    clock = StepClock(origin_ns=0, optimizer_from_backward=True)
+    assert _one_door_microbatch(clock, 0, stepped=False) is None
+    record = _one_door_microbatch(clock, 50 * MS, stepped=True)
+    assert record[schema.MICROBATCHES] == 2
+    assert record[schema.OPTIMIZER] == 7.0  # 90 .. 97 ms: the second microbatch's only
+    assert record[schema.FORWARD] == 20.0 and record[schema.BACKWARD] == 28.0
+    assert sum(record[p] for p in schema.PHASES) == record[schema.STEP] == 97.0
+
+    clock.fetched(100 * MS, 101 * MS)
+    clock.forward_timed(101 * MS, 103 * MS)
+    clock.backward_timed(103 * MS, 106 * MS)
+    clock.forward_timed(107 * MS, 109 * MS)  # the optimizer runs the closure again
+    clock.backward_timed(109 * MS, 110 * MS)
+    record = clock.batch_closed(112 * MS, stepped=True).record()
+    assert record[schema.OPTIMIZER] == 3.0  # 106 .. 112 less the 3 ms re-run
+    assert (record[schema.FORWARD], record[schema.BACKWARD]) == (4.0, 4.0)
+
+
+def test_a_step_with_no_timed_backward_has_no_optimizer_time():
+    """Stepped with no backward to open the window: Optimizer is unmeasured (null), its time
+    in Residual; and without the mode, a second backward before the optimizer hook (a loop
+    with two losses) is Backward, not taken out of the optimizer window."""
+    clock = StepClock(origin_ns=0, optimizer_from_backward=True)
+    clock.fetched(0, 2 * MS)
+    record = clock.batch_closed(10 * MS, stepped=True).record()
+    assert record[schema.OPTIMIZER] is None
+    assert record[schema.RESIDUAL] == 8.0
+
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 0)
+    clock.backward_timed(1 * MS, 2 * MS)
+    clock.backward_timed(3 * MS, 5 * MS)
+    clock.optimizer_started(6 * MS)
+    record = clock.batch_closed(10 * MS).record()
+    assert (record[schema.BACKWARD], record[schema.OPTIMIZER]) == (3.0, 4.0)

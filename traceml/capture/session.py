@@ -202,11 +202,12 @@ class Session:
             if self.gpu is not None:
                 self.gpu.phase_started("optimizer")
 
-    def batch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
-        """A microbatch ended; it writes the step when it stepped the optimizer."""
+    def batch_ended(self, global_step: Any = None, epoch: Any = None, stepped: Any = None) -> None:
+        """A microbatch ended; it writes the step when it stepped the optimizer (``stepped``:
+        see ``StepClock.batch_closed``)."""
         if self.life.state is TRACING:  # no microbatch open: the clock returns None
             now = clock_ns()
-            closed = self.clock.batch_closed(now, global_step, epoch)
+            closed = self.clock.batch_closed(now, global_step, epoch, stepped)
             if closed is not None:
                 self._emit(closed, now)
 

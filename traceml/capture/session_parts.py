@@ -17,6 +17,7 @@ class PhaseClock(Protocol):
     origin_ns: int
     overlaps: int
     comm_enabled: bool
+    optimizer_from_backward: bool
 
     @property
     def in_microbatch(self) -> bool: ...
@@ -37,7 +38,13 @@ class PhaseClock(Protocol):
     def epoch_ended(self, now_ns: int, global_step: Any = None, epoch: Any = None) -> Any: ...
     # The session's hot path: the step closed, its record made later by ``record()``
     # (``closed_step.ClosedStep``), on the sink's flusher.
-    def batch_closed(self, now_ns: int, global_step: Any = None, epoch: Any = None) -> Any: ...
+    def batch_closed(
+        self,
+        now_ns: int,
+        global_step: Any = None,
+        epoch: Any = None,
+        stepped: bool | None = None,
+    ) -> Any: ...
     def epoch_closed(self, now_ns: int, global_step: Any = None, epoch: Any = None) -> Any: ...
     def abandon(self) -> None: ...
 

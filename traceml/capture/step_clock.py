@@ -39,9 +39,13 @@ class _Microbatch:
     backward_open: bool = False
     in_h2d: bool = False
     optimizer_start_ns: int | None = None
+    # The end of the microbatch's first backward, kept only when the clock's
+    # optimizer_from_backward: where its optimizer window starts (``batch_closed(stepped=)``).
+    backward_end_ns: int | None = None
     # Forward/backward time inside the optimizer window: an optimizer whose step runs the
     # closure again (LBFGS) re-evaluates the model there; that is Forward/Backward, not
-    # Optimizer, and is taken out of the optimizer window.
+    # Optimizer, and is taken out of the optimizer window. With one-door timing the window
+    # opens at the first backward's end, so everything run after it counts here.
     nested_ns: int = 0
 
 
@@ -57,6 +61,9 @@ class StepClock:
     # True in a distributed run whose collectives are timed: comm fields are then numbers
     # (0 when a step had no collective), otherwise null (unmeasured).
     comm_enabled: bool = False
+    # No optimizer hook (one-door timing): a microbatch's optimizer window opens at the end of
+    # its first backward, and ``batch_closed(stepped=...)`` says whether it stepped.
+    optimizer_from_backward: bool = False
 
     # -- boundaries, in the order Lightning reaches them ---------------------------------
 
@@ -138,7 +145,7 @@ class StepClock:
             return
         elapsed = end_ns - start_ns
         group.forward_ns = (group.forward_ns or 0) + elapsed
-        if micro.optimizer_start_ns is not None:
+        if micro.optimizer_start_ns is not None or micro.backward_end_ns is not None:
             micro.nested_ns += elapsed
 
     def backward_timed(self, start_ns: int, end_ns: int) -> None:
@@ -149,8 +156,10 @@ class StepClock:
             return
         elapsed = end_ns - start_ns
         group.backward_ns = (group.backward_ns or 0) + elapsed
-        if micro.optimizer_start_ns is not None:
+        if micro.optimizer_start_ns is not None or micro.backward_end_ns is not None:
             micro.nested_ns += elapsed
+        elif self.optimizer_from_backward:
+            micro.backward_end_ns = end_ns
 
     def backward_started(self, now_ns: int) -> None:
         if self._micro is not None:
@@ -218,18 +227,32 @@ class StepClock:
         return None if closed is None else closed.record()
 
     def batch_closed(
-        self, now_ns: int, global_step: int | None = None, epoch: int | None = None
+        self,
+        now_ns: int,
+        global_step: int | None = None,
+        epoch: int | None = None,
+        stepped: bool | None = None,
     ) -> ClosedStep | None:
         """:meth:`batch_ended` without building the record (the session's hot path: the
-        sink's flusher builds it, ``closed_step``)."""
+        sink's flusher builds it, ``closed_step``).
+
+        ``stepped``: None when :meth:`optimizer_started` marks the optimizer window; else
+        whether this microbatch stepped the optimizer (the adapter saw its step counter move),
+        the window then spanning from the end of its first backward (one-door timing). A step
+        with no timed backward then has Optimizer null: its time stays in Residual."""
         micro, group = self._micro, self._group
         self._micro = None
         if micro is None or group is None:
             return None
         group.microbatches += 1
-        if micro.optimizer_start_ns is None:
-            return None
-        window = now_ns - micro.optimizer_start_ns - micro.nested_ns
+        start = micro.optimizer_start_ns
+        if start is None:
+            if not stepped:
+                return None
+            start = micro.backward_end_ns
+            if start is None:
+                return self._close(now_ns, True, global_step, epoch)
+        window = now_ns - start - micro.nested_ns
         group.optimizer_ns = (group.optimizer_ns or 0) + max(0, window)
         return self._close(now_ns, True, global_step, epoch)
 

@@ -98,6 +98,7 @@ class Instruments:
     def __init__(self, observer: Any) -> None:
         self.observer = observer
         self.fetcher: Any = None
+        self.one_door = False  # install() timed the transfer, forward and backward by one door
         self._restore_fetcher: Any = None
         self._undo: list[Any] = []
 
@@ -109,7 +110,7 @@ class Instruments:
         wrappable = module is None or can_wrap_forward(module)
         # One door per phase needs both wrappers: the forward's tells a recomputation inside
         # backward by the backward wrapper's flag (hooks would need the clock's, two doors).
-        one_door = wrappable and not observer.needs_start_doors()
+        one_door = self.one_door = wrappable and not observer.needs_start_doors()
         inside = InBackward()
         if one_door:
             self._wrap_backward_once(trainer.strategy, inside)
