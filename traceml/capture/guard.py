@@ -154,7 +154,7 @@ def factory(_g_function, _g_name, _g_default):
             _g_failed(_g_owner, _g_name, _g_exc)
             return _g_default
         finally:
-            if _g_owner is not None:
+            if {owner_known}:
                 try:
                     _g_owner.own_cost_ns += _g_clock() - _g_start
                 except Exception:
@@ -198,7 +198,11 @@ def _guarded_factory(function: Callable, owner_arg: int, per_step: bool = False)
             "_g_InjectedFault": InjectedFault,
             "_g_failed": failed,
         }
-        body = (_PER_STEP_BODY if per_step else _BODY).format(params=params, owner=owner)
+        # A named parameter (``self``) is never None: the check compiles away.
+        owner_known = "True" if owner.isidentifier() and owner != "None" else "_g_owner is not None"
+        body = (_PER_STEP_BODY if per_step else _BODY).format(
+            params=params, owner=owner, owner_known=owner_known
+        )
         exec(compile(body, f"<traceml guard ({params})>", "exec"), namespace)
         _factories[key] = namespace["factory"]
     return _factories[key]

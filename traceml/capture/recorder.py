@@ -36,6 +36,9 @@ class RankRecorder:
         self.header_written = False
         self.footer_written = False
         self.steps_written = 0
+        # True once trace_max_steps records are written (an attribute: read twice a step).
+        self._step_limit = settings.trace_max_steps
+        self.limit_reached = self._step_limit is not None and self._step_limit <= 0
         self._write_ns_counted = 0  # the sink's write time already added to a step's cost
         self.status: str | None = None
         self.error: str | None = None
@@ -92,11 +95,6 @@ class RankRecorder:
 
     # -- steps -----------------------------------------------------------------------------
 
-    @property
-    def limit_reached(self) -> bool:
-        limit = self.settings.trace_max_steps
-        return limit is not None and self.steps_written >= limit
-
     def step(self, record: Any) -> bool:
         """Append one step record. False when the file can no longer be written (the sink has
         warned once); a record past ``trace_max_steps`` is dropped and counts as written."""
@@ -110,6 +108,8 @@ class RankRecorder:
         if not sink.append(record):
             return False
         self.steps_written += 1
+        if self._step_limit is not None and self.steps_written >= self._step_limit:
+            self.limit_reached = True
         return True
 
     def _count_write_time(self, record: Any, written: int) -> None:

@@ -129,9 +129,9 @@ class Session:
     def fetched(self, start: int, end: int) -> None:
         if self.life.state is not TRACING:
             return
-        starts_step = not self.clock.in_step
+        starts_step = self.gpu is not None and not self.clock.in_step  # no call without a device
         self.clock.fetched(start, end)
-        if self.gpu is not None and starts_step:
+        if starts_step:
             self.gpu.step_started()
 
     def transfer_started(self) -> int | None:
@@ -166,13 +166,13 @@ class Session:
     def forward_timed(self, start: int) -> None:
         """A forward timed by one door after it (no CUDA events, no collectives to place)."""
         end = clock_ns()
-        if self.life.state is TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING:  # the clock ignores it outside a microbatch
             self.clock.forward_timed(start, end)
 
     def backward_timed(self, start: int) -> None:
         """A backward timed by one door after it (no CUDA events, no collectives)."""
         end = clock_ns()
-        if self.life.state is TRACING and self.clock.in_microbatch:
+        if self.life.state is TRACING:  # the clock ignores it outside a microbatch
             self.clock.backward_timed(start, end)
 
     def needs_start_doors(self) -> bool:
@@ -203,8 +203,7 @@ class Session:
                 self.gpu.phase_started("optimizer")
 
     def batch_ended(self, global_step: Any = None, epoch: Any = None, stepped: Any = None) -> None:
-        """A microbatch ended; it writes the step when it stepped the optimizer (``stepped``:
-        see ``StepClock.batch_closed``)."""
+        """A microbatch ended; its step is written if it stepped (StepClock.batch_closed)."""
         if self.life.state is TRACING:  # no microbatch open: the clock returns None
             now = clock_ns()
             closed = self.clock.batch_closed(now, global_step, epoch, stepped)

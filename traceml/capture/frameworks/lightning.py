@@ -15,6 +15,10 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
         on_before_optimizer_step, clipping, the update                          -> Optimizer
     lr schedulers, on_train_batch_end  (callbacks before this one are in Optimizer)
 
+With one-door timing (a single process without CUDA events) traceml has no
+``on_before_optimizer_step``: Optimizer opens where the stepping microbatch's backward ended
+(``_time_optimizer_from_backward``).
+
 Sanity checks and validation run through other loops and are never timed: every boundary is
 only honoured while a training microbatch is open.
 
