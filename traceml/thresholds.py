@@ -2,14 +2,20 @@
 
 Shares are fractions of median step time. Every entry can be overridden without code:
 ``TRACEML_THRESHOLD_<NAME>=value`` in the environment, or ``--threshold name=value`` on
-``traceml run`` / ``traceml report``. The README documents each entry.
+``traceml run`` / ``traceml report``. docs/diagnosis.md documents each entry.
 """
 
 from __future__ import annotations
 
 from traceml.errors import ThresholdError
 
-__all__ = ["THRESHOLDS", "ThresholdError", "parse_threshold_override", "resolve_thresholds"]
+__all__ = [
+    "THRESHOLDS",
+    "ThresholdError",
+    "known_thresholds",
+    "parse_threshold_override",
+    "resolve_thresholds",
+]
 
 # typing costs ~8 ms to import at start-up; annotations are strings (PEP 563) anyway.
 TYPE_CHECKING = False
@@ -98,6 +104,13 @@ def parse_threshold_override(name: str, raw: str) -> tuple[str, float]:
             raise ThresholdError(f"threshold {key}={raw!r} must be a whole number")
         value = int(value)
     return key, value
+
+
+def known_thresholds(stored: Mapping[str, float] | None) -> dict[str, float]:
+    """The entries of a summary's stored thresholds that this version knows. A summary written
+    by a newer traceml may carry entries added since; re-diagnosing it must not fail on them
+    (the user's own overrides stay strict: a typo there is an error)."""
+    return {name: value for name, value in (stored or {}).items() if name in THRESHOLDS}
 
 
 def resolve_thresholds(overrides: Mapping[str, float] | None = None) -> dict[str, float]:

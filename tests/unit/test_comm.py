@@ -669,3 +669,24 @@ def test_a_straggler_the_others_wait_for_only_at_periodic_syncs_is_found(tmp_pat
     straggler = next(v for v in summary["verdicts"] if v["kind"] == "STRAGGLER")
     assert straggler["evidence"]["rank"] == 1
     assert straggler["evidence"]["cause_phase"] == schema.FORWARD
+    # What decided is what it shows: the mean wait (~40 ms a step over the steps kept after
+    # warm-up), not the median (0).
+    assert straggler["evidence"]["wait_statistic"] == "mean"
+    assert 38.0 < straggler["evidence"]["others_wait_ms"] < 45.0
+    assert "ms per step, by the mean over steps of each" in straggler[schema.VERDICT_WHY]
+
+
+def test_a_summary_from_a_newer_traceml_re_diagnoses_despite_unknown_thresholds(tmp_path):
+    """A newer traceml stores thresholds this version does not know: re-diagnosing its
+    summary skips them (the user's own overrides stay strict)."""
+    base = dict(input=5, forward=30, backward=40, optimizer=10, residual=5, comm_backward=3)
+    synthetic_run(tmp_path, ranks=2, noise=0.02, synchronised=True, **base)
+    summary = summarise(tmp_path)[0]
+    expected = [v[schema.VERDICT_KIND] for v in diagnose(summary)]
+    summary[schema.SUMMARY_THRESHOLDS] = {
+        **summary[schema.SUMMARY_THRESHOLDS],
+        "added_in_a_later_version": 3.0,
+    }
+    assert [v[schema.VERDICT_KIND] for v in diagnose(summary)] == expected
+    with pytest.raises(ValueError, match="unknown threshold"):
+        diagnose(summary, {"added_in_a_later_version": 3.0})

@@ -51,7 +51,7 @@ from traceml.analysis.diagnose_resources import (  # noqa: F401
     MEMORY_CREEP,
     resource_verdicts,
 )
-from traceml.thresholds import resolve_thresholds
+from traceml.thresholds import known_thresholds, resolve_thresholds
 
 __all__ = ["diagnose", "label", "noise_caveat", "resource_verdicts"]
 
@@ -60,7 +60,9 @@ def diagnose(
     summary: dict[str, Any], thresholds: dict[str, float] | None = None
 ) -> list[dict[str, Any]]:
     """Verdicts for ``summary``, most important first (never empty)."""
-    limits = resolve_thresholds(thresholds or summary.get(schema.SUMMARY_THRESHOLDS) or {})
+    limits = resolve_thresholds(
+        thresholds or known_thresholds(summary.get(schema.SUMMARY_THRESHOLDS))
+    )
     early = no_data(summary) or insufficient(summary, limits)
     if early is not None:
         return [finish(early)]

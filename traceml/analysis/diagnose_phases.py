@@ -24,7 +24,7 @@ from traceml.analysis.diagnose_base import (
     severity_for,
     step_stats,
 )
-from traceml.thresholds import resolve_thresholds
+from traceml.thresholds import known_thresholds, resolve_thresholds
 
 
 def no_data(summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -194,7 +194,9 @@ def no_clear_bottleneck(view: PhaseView) -> dict[str, Any]:
 def noise_caveat(summary: dict[str, Any], thresholds: dict[str, float] | None = None) -> str | None:
     """A sentence for the report when step times are very uneven (p90 / median at or above
     the ``noisy_steps`` threshold), saying what that means for the verdict; else None."""
-    limits = resolve_thresholds(thresholds or summary.get(schema.SUMMARY_THRESHOLDS) or {})
+    limits = resolve_thresholds(
+        thresholds or known_thresholds(summary.get(schema.SUMMARY_THRESHOLDS))
+    )
     step = step_stats(summary)
     if not step or not step.get("median") or step["median"] <= 0:
         return None

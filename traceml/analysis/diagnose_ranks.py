@@ -88,7 +88,7 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
     severity = severity_for(ratio, limits["straggler_warn"], limits["straggler_critical"])
     if severity is None:
         return None
-    waits = _others_wait(fields, slowest, method)
+    statistic, waits = _shown_waits(fields, slowest, method)
     if not _others_wait_for_it(fields, slowest, method, limits["straggler_wait_share"] * cost):
         # Its own time is longer, yet the others do not wait for it: noise, not a straggler.
         return None
@@ -100,8 +100,8 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
         f", mostly in {_cause_label(cause, method)} (+{excess[cause]:.1f} ms)" if cause else ""
     )
     wait_text = (
-        f" (the other ranks' median wait: {waits[0]:.1f} ms per step, rank {slowest}'s: "
-        f"{waits[1]:.1f} ms)"
+        f" (the other ranks wait {waits[0]:.1f} ms per step, by the {statistic} over steps of "
+        f"each, rank {slowest} {waits[1]:.1f} ms)"
         if waits
         else ""
     )
@@ -126,6 +126,7 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
         excess_ms=excess,
         others_wait_ms=waits[0] if waits else None,
         rank_wait_ms=waits[1] if waits else None,
+        wait_statistic=statistic if waits else None,
     )
 
 
@@ -148,8 +149,8 @@ def _cause_label(cause: str | None, method: str) -> str:
 def _others_wait(
     fields: dict[str, Any], slowest: int, method: str, per_step: str = "rank_medians_ms"
 ) -> tuple[float, float] | None:
-    """(the other ranks' median of ``per_step`` wait, the slowest rank's), where waits are
-    timed."""
+    """(the median over the other ranks of their ``per_step`` wait, the slowest rank's), where
+    waits are timed."""
     entry = fields.get(schema.GPU_COMM if method == "device" else schema.COMM)
     if method == "legacy" or not entry or per_step not in entry:
         return None
@@ -158,6 +159,17 @@ def _others_wait(
     if str(slowest) not in values or not others:
         return None
     return stats.quantile_sorted(sorted(others), 0.5), values[str(slowest)]
+
+
+def _shown_waits(
+    fields: dict[str, Any], slowest: int, method: str
+) -> tuple[str, tuple[float, float] | None]:
+    """The waits a verdict shows: the mean per step, which decides (``_others_wait_for_it``);
+    summaries made before ``rank_means_ms`` existed show the median."""
+    means = _others_wait(fields, slowest, method, "rank_means_ms")
+    if means is not None:
+        return "mean", means
+    return "median", _others_wait(fields, slowest, method)
 
 
 def _others_wait_for_it(fields: dict[str, Any], slowest: int, method: str, needed: float) -> bool:
