@@ -201,24 +201,27 @@ def test_a_closed_step_counts_its_overlap_when_its_record_is_built():
 
 
 def _one_door_microbatch(clock: StepClock, t0: int, stepped: bool):
-    """fetch 0-10, h2d 11-13, forward 14-24, backward 26-40, end 47 (ms); no optimizer hook."""
+    """fetch 0-10, h2d 11-13, forward 14-24, backward 26-40, the optimizer step returns at 45
+    when ``stepped``, end 47 (ms); no optimizer hook."""
     clock.fetched(t0, t0 + 10 * MS)
     clock.transferred(t0 + 11 * MS, t0 + 13 * MS)
     clock.forward_timed(t0 + 14 * MS, t0 + 24 * MS)
     clock.backward_timed(t0 + 26 * MS, t0 + 40 * MS)
-    closed = clock.batch_closed(t0 + 47 * MS, stepped=stepped)
+    if stepped:
+        clock.optimizer_ended(t0 + 45 * MS)
+    closed = clock.batch_closed(t0 + 47 * MS)
     return None if closed is None else closed.record()
 
 
 def test_without_an_optimizer_hook_the_window_opens_at_the_backward_end():
     """optimizer_from_backward (Lightning's one-door timing): Optimizer spans the first
-    backward's end to the batch end; a closure re-run inside it (LBFGS) stays
-    Forward/Backward; a microbatch that did not step waits for the next one."""
+    backward's end to the optimizer step's return; a closure re-run inside it (LBFGS) stays
+    Forward/Backward; a microbatch whose optimizer did not step waits for the next one."""
     clock = StepClock(origin_ns=0, optimizer_from_backward=True)
     assert _one_door_microbatch(clock, 0, stepped=False) is None
     record = _one_door_microbatch(clock, 50 * MS, stepped=True)
     assert record[schema.MICROBATCHES] == 2
-    assert record[schema.OPTIMIZER] == 7.0  # 90 .. 97 ms: the second microbatch's only
+    assert record[schema.OPTIMIZER] == 5.0  # 90 .. 95 ms: the second microbatch's only
     assert record[schema.FORWARD] == 20.0 and record[schema.BACKWARD] == 28.0
     assert sum(record[p] for p in schema.PHASES) == record[schema.STEP] == 97.0
 
@@ -227,9 +230,28 @@ def test_without_an_optimizer_hook_the_window_opens_at_the_backward_end():
     clock.backward_timed(103 * MS, 106 * MS)
     clock.forward_timed(107 * MS, 109 * MS)  # the optimizer runs the closure again
     clock.backward_timed(109 * MS, 110 * MS)
-    record = clock.batch_closed(112 * MS, stepped=True).record()
-    assert record[schema.OPTIMIZER] == 3.0  # 106 .. 112 less the 3 ms re-run
-    assert (record[schema.FORWARD], record[schema.BACKWARD]) == (4.0, 4.0)
+    clock.optimizer_ended(111 * MS)
+    clock.forward_timed(112 * MS, 113 * MS)  # a batch-end callback runs the model: Forward
+    record = clock.batch_closed(115 * MS).record()
+    assert record[schema.OPTIMIZER] == 2.0  # 106 .. 111 less the 3 ms re-run
+    assert (record[schema.FORWARD], record[schema.BACKWARD]) == (5.0, 4.0)
+    assert record[schema.RESIDUAL] == 3.0  # 101..101, 106..107 less nothing, 111..112, 113..115
+
+
+def test_the_optimizer_window_ends_where_the_optimizer_step_returns():
+    """With the optimizer hook too: what runs after the step's return (lr schedulers,
+    batch-end callbacks) is Residual, not Optimizer; without optimizer_ended (other loops),
+    the window runs to the batch's end, as before."""
+    for reported in (True, False):
+        clock = StepClock(origin_ns=0)
+        clock.fetched(0, 1 * MS)
+        clock.backward_timed(2 * MS, 4 * MS)
+        clock.optimizer_started(5 * MS)
+        if reported:
+            clock.optimizer_ended(9 * MS)
+        record = clock.batch_closed(20 * MS).record()
+        assert record[schema.OPTIMIZER] == (4.0 if reported else 15.0)
+        assert record[schema.RESIDUAL] == (13.0 if reported else 2.0)
 
 
 def test_a_step_with_no_timed_backward_has_no_optimizer_time():
@@ -238,7 +260,8 @@ def test_a_step_with_no_timed_backward_has_no_optimizer_time():
     with two losses) is Backward, not taken out of the optimizer window."""
     clock = StepClock(origin_ns=0, optimizer_from_backward=True)
     clock.fetched(0, 2 * MS)
-    record = clock.batch_closed(10 * MS, stepped=True).record()
+    clock.optimizer_ended(9 * MS)
+    record = clock.batch_closed(10 * MS).record()
     assert record[schema.OPTIMIZER] is None
     assert record[schema.RESIDUAL] == 8.0
 

@@ -88,11 +88,9 @@ class Session:
         return open_session(self, rank_info, unsupported_reason)
 
     def mark_unsupported(self, reason: str) -> None:
-        self.life.move(UNSUPPORTED)
-        self.recorder.status = schema.STATUS_UNSUPPORTED
-        console.warn(f"not tracing: {reason} is not supported; training runs natively")
-        self.write_header(timing="host")
-        self.recorder.event("warning", schema.EVENT_UNSUPPORTED, f"{reason} is not supported")
+        from traceml.capture.session_start import mark_unsupported
+
+        mark_unsupported(self, reason)
 
     def start(
         self,
@@ -196,17 +194,24 @@ class Session:
                 self.gpu.phase_ended("backward")
             self.clock.backward_ended(clock_ns())
 
+    def optimizer_ended(self) -> None:
+        """The optimizer step returned: Optimizer ends here, not at the batch's end."""
+        if self.life.state is TRACING:
+            self.clock.optimizer_ended(clock_ns())
+            if self.gpu is not None:
+                self.gpu.phase_ended("optimizer")
+
     def optimizer_started(self) -> None:
         if self.life.state is TRACING and self.clock.in_microbatch:
             self.clock.optimizer_started(clock_ns())
             if self.gpu is not None:
                 self.gpu.phase_started("optimizer")
 
-    def batch_ended(self, global_step: Any = None, epoch: Any = None, stepped: Any = None) -> None:
-        """A microbatch ended; its step is written if it stepped (StepClock.batch_closed)."""
+    def batch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
+        """A microbatch ended; it writes the step when it stepped the optimizer."""
         if self.life.state is TRACING:  # no microbatch open: the clock returns None
             now = clock_ns()
-            closed = self.clock.batch_closed(now, global_step, epoch, stepped)
+            closed = self.clock.batch_closed(now, global_step, epoch)
             if closed is not None:
                 self._emit(closed, now)
 
@@ -279,12 +284,9 @@ class Session:
             self.life.move(DONE)
             self.remove_instruments()
             self._drain()
-            recorder.event(
-                "info",
-                schema.EVENT_MAX_STEPS,
-                f"recorded the first {self.settings.trace_max_steps} steps "
-                "(TRACEML_TRACE_MAX_STEPS); later steps ran untraced",
-            )
+            note = f"recorded the first {self.settings.trace_max_steps} steps "
+            note += "(TRACEML_TRACE_MAX_STEPS); later steps ran untraced"
+            recorder.event("info", schema.EVENT_MAX_STEPS, note)
 
     def _drain(self) -> None:
         """Write the steps still waiting for their CUDA events (end of training only). After a
@@ -297,12 +299,9 @@ class Session:
         for record in gpu.drain():
             self._write_step(record)
         if gpu.unreadable and self.recorder is not None:
-            self.recorder.event(
-                "warning",
-                schema.EVENT_NOTE,
-                f"the device could not report its timings for the last {gpu.unreadable} steps "
-                f"({gpu.unreadable_reason}); their host times are kept",
-            )
+            note = f"the device could not report its timings for the last {gpu.unreadable} steps"
+            note += f" ({gpu.unreadable_reason}); their host times are kept"
+            self.recorder.event("warning", schema.EVENT_NOTE, note)
 
     def write_header(self, timing: str) -> None:
         if self.recorder is None:

@@ -13,7 +13,7 @@ from typing import Any
 from traceml import console, schema
 from traceml.capture import step_clock
 from traceml.capture.clock import clock_ns
-from traceml.capture.lifecycle import DISABLED, READY, TRACING
+from traceml.capture.lifecycle import DISABLED, READY, TRACING, UNSUPPORTED
 from traceml.capture.recorder import RankRecorder
 
 
@@ -45,6 +45,15 @@ def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: st
         _prepare_comm_timing(session)
     session.life.move(READY)
     return True
+
+
+def mark_unsupported(session: Any, reason: str) -> None:
+    """READY -> UNSUPPORTED: the setup is named, in the file and in one warning."""
+    session.life.move(UNSUPPORTED)
+    session.recorder.status = schema.STATUS_UNSUPPORTED
+    console.warn(f"not tracing: {reason} is not supported; training runs natively")
+    session.write_header(timing="host")
+    session.recorder.event("warning", schema.EVENT_UNSUPPORTED, f"{reason} is not supported")
 
 
 def _prepare_comm_timing(session: Any) -> None:

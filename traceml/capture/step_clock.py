@@ -38,14 +38,14 @@ class _Microbatch:
     backward_start_ns: int | None = None
     backward_open: bool = False
     in_h2d: bool = False
+    # The optimizer window: from the optimizer hook (or, with the clock's
+    # optimizer_from_backward, the end of the microbatch's first backward) to the optimizer
+    # step's return where an adapter reports it (``optimizer_ended``), else the batch's end.
     optimizer_start_ns: int | None = None
-    # The end of the microbatch's first backward, kept only when the clock's
-    # optimizer_from_backward: where its optimizer window starts (``batch_closed(stepped=)``).
-    backward_end_ns: int | None = None
+    optimizer_end_ns: int | None = None
     # Forward/backward time inside the optimizer window: an optimizer whose step runs the
     # closure again (LBFGS) re-evaluates the model there; that is Forward/Backward, not
-    # Optimizer, and is taken out of the optimizer window. With one-door timing the window
-    # opens at the first backward's end, so everything run after it counts here.
+    # Optimizer, and is taken out of the optimizer window.
     nested_ns: int = 0
 
 
@@ -62,7 +62,7 @@ class StepClock:
     # (0 when a step had no collective), otherwise null (unmeasured).
     comm_enabled: bool = False
     # No optimizer hook (one-door timing): a microbatch's optimizer window opens at the end of
-    # its first backward, and ``batch_closed(stepped=...)`` says whether it stepped.
+    # its first backward, and only ``optimizer_ended`` says that the microbatch stepped.
     optimizer_from_backward: bool = False
 
     # -- boundaries, in the order Lightning reaches them ---------------------------------
@@ -130,7 +130,7 @@ class StepClock:
         if micro.forward_depth == 0:
             elapsed = now_ns - micro.forward_start_ns
             group.forward_ns = (group.forward_ns or 0) + elapsed
-            if micro.optimizer_start_ns is not None:
+            if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
                 micro.nested_ns += elapsed
             return True
         return False
@@ -145,7 +145,7 @@ class StepClock:
             return
         elapsed = end_ns - start_ns
         group.forward_ns = (group.forward_ns or 0) + elapsed
-        if micro.optimizer_start_ns is not None or micro.backward_end_ns is not None:
+        if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
             micro.nested_ns += elapsed
 
     def backward_timed(self, start_ns: int, end_ns: int) -> None:
@@ -156,10 +156,11 @@ class StepClock:
             return
         elapsed = end_ns - start_ns
         group.backward_ns = (group.backward_ns or 0) + elapsed
-        if micro.optimizer_start_ns is not None or micro.backward_end_ns is not None:
-            micro.nested_ns += elapsed
+        if micro.optimizer_start_ns is not None:
+            if micro.optimizer_end_ns is None:
+                micro.nested_ns += elapsed
         elif self.optimizer_from_backward:
-            micro.backward_end_ns = end_ns
+            micro.optimizer_start_ns = end_ns  # the window, if this microbatch steps
 
     def backward_started(self, now_ns: int) -> None:
         if self._micro is not None:
@@ -175,13 +176,19 @@ class StepClock:
         micro.backward_open = False
         elapsed = now_ns - micro.backward_start_ns
         group.backward_ns = (group.backward_ns or 0) + elapsed
-        if micro.optimizer_start_ns is not None:
+        if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
             micro.nested_ns += elapsed
 
     def optimizer_started(self, now_ns: int) -> None:
         # Once per microbatch: a closure re-run inside the step (LBFGS) calls the hook again.
         if self._micro is not None and self._micro.optimizer_start_ns is None:
             self._micro.optimizer_start_ns = now_ns
+
+    def optimizer_ended(self, now_ns: int) -> None:
+        """The optimizer step returned (the update is done): the window closes here, and what
+        follows until the batch's end (lr schedulers, batch-end callbacks) is Residual."""
+        if self._micro is not None:
+            self._micro.optimizer_end_ns = now_ns
 
     def current_phase(self) -> str | None:
         """The phase a collective called now falls in; None outside a training step."""
@@ -195,7 +202,7 @@ class StepClock:
             return schema.FORWARD
         if micro.in_h2d:
             return schema.H2D
-        if micro.optimizer_start_ns is not None:
+        if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
             return schema.OPTIMIZER
         return schema.RESIDUAL
 
@@ -227,32 +234,26 @@ class StepClock:
         return None if closed is None else closed.record()
 
     def batch_closed(
-        self,
-        now_ns: int,
-        global_step: int | None = None,
-        epoch: int | None = None,
-        stepped: bool | None = None,
+        self, now_ns: int, global_step: int | None = None, epoch: int | None = None
     ) -> ClosedStep | None:
         """:meth:`batch_ended` without building the record (the session's hot path: the
-        sink's flusher builds it, ``closed_step``).
-
-        ``stepped``: None when :meth:`optimizer_started` marks the optimizer window; else
-        whether this microbatch stepped the optimizer (the adapter saw its step counter move),
-        the window then spanning from the end of its first backward (one-door timing). A step
-        with no timed backward then has Optimizer null: its time stays in Residual."""
+        sink's flusher builds it, ``closed_step``). With ``optimizer_from_backward`` only
+        :meth:`optimizer_ended` says the microbatch stepped; a step with no timed backward
+        then has Optimizer null (unmeasured), its time in Residual."""
         micro, group = self._micro, self._group
         self._micro = None
         if micro is None or group is None:
             return None
         group.microbatches += 1
-        start = micro.optimizer_start_ns
-        if start is None:
-            if not stepped:
-                return None
-            start = micro.backward_end_ns
+        start, end = micro.optimizer_start_ns, micro.optimizer_end_ns
+        if self.optimizer_from_backward:
+            if end is None:
+                return None  # the backward's end opened no window: no optimizer step
             if start is None:
                 return self._close(now_ns, True, global_step, epoch)
-        window = now_ns - start - micro.nested_ns
+        elif start is None:
+            return None
+        window = (now_ns if end is None else end) - start - micro.nested_ns
         group.optimizer_ns = (group.optimizer_ns or 0) + max(0, window)
         return self._close(now_ns, True, global_step, epoch)
 

@@ -12,12 +12,14 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
                                           in Residual
                  zero_grad, strategy.backward (on_before_backward, loss.backward,
                                    on_after_backward)   -> Backward (an instance-level wrapper)
-        on_before_optimizer_step, clipping, the update                          -> Optimizer
-    lr schedulers, on_train_batch_end  (callbacks before this one are in Optimizer)
+        on_before_optimizer_step, clipping, the update  -> Optimizer, to the return of
+                                          strategy.optimizer_step (an instance-level wrapper)
+    lr schedulers, on_train_batch_end hooks, logging -> Residual
+    (the step ends when the epoch loop's advance returns: an instance-level wrapper)
 
-With one-door timing (a single process without CUDA events) traceml has no
-``on_before_optimizer_step``: Optimizer opens where the stepping microbatch's backward ended
-(``_time_optimizer_from_backward``).
+Optimizer opens at traceml's ``on_before_optimizer_step``; with one-door timing (a single
+process without CUDA events) traceml has no such hook, and Optimizer opens where the stepping
+microbatch's backward ended (``_time_optimizer_from_backward``).
 
 Sanity checks and validation run through other loops and are never timed: every boundary is
 only honoured while a training microbatch is open.
@@ -25,7 +27,8 @@ only honoured while a training microbatch is open.
 Who does what: ``lightning_attach`` gives the first training fit of the process this callback;
 the callback only translates Lightning's hooks into boundaries of a
 :class:`~traceml.capture.session.Session` (which owns the clock, the parts and the rank file);
-``lightning_instruments`` installs the fetcher / transfer / backward / forward instruments.
+``lightning_instruments`` installs the fetcher / transfer / backward / forward / optimizer step
+/ batch instruments.
 Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``): a
 failure inside traceml turns tracing off with one warning and never reaches the user.
 """
@@ -92,7 +95,6 @@ class StepTiming:
     def _reset_runtime(self) -> None:
         self.session = Session(self.settings, integration=self.integration, notes=self.notes)
         self.own_cost_ns = 0  # time inside this callback's entry points (the guard adds to it)
-        self._last_global_step: int | None = None  # set when no optimizer hook is dispatched
         self.session.cost_owners.append(self)
         self.instruments = Instruments(self)
         self.session.add_undo(self.instruments.remove)
@@ -102,6 +104,8 @@ class StepTiming:
     # ~2 us) and skips an attribute that is not callable (trainer/call.py). The per-batch hooks
     # this callback has no use for are None, so they cost the training loop nothing.
     on_train_batch_start = None
+    # The step ends after the loop's batch (lightning_instruments), not in this hook.
+    on_train_batch_end = None
     on_before_zero_grad = None
     # Backward is timed by a wrapper of the strategy's backward (lightning_instruments).
     on_before_backward = None
@@ -161,15 +165,13 @@ class StepTiming:
     def _time_optimizer_from_backward(self, trainer: Any) -> None:
         """With one-door timing, no ``on_before_optimizer_step`` (Lightning's dispatch of it,
         a profiler context and a call, was ~12% of traceml's per-step cost on the stress loop):
-        the optimizer window opens where the microbatch's backward ended, and a microbatch
-        stepped the optimizer when ``trainer.global_step`` moved (``on_train_batch_end``). The
-        window then holds the closure's return, every ``on_before_optimizer_step`` hook and the
-        gradient clipping, whatever the callbacks' order."""
-        global_step = getattr(trainer, "global_step", None)
-        if not self.instruments.one_door or type(global_step) is not int:
+        the optimizer window opens where the microbatch's backward ended, and only the
+        optimizer step's wrapper says that a microbatch stepped. The window then holds the
+        closure's return, every ``on_before_optimizer_step`` hook and the gradient clipping,
+        whatever the callbacks' order."""
+        if not self.instruments.one_door:
             return
         self.session.clock.optimizer_from_backward = True
-        self._last_global_step = global_step
         # An attribute that is not callable: Lightning skips the hook (trainer/call.py).
         self.on_before_optimizer_step = None
         self.instruments.add_undo(lambda: self.__dict__.pop("on_before_optimizer_step", None))
@@ -188,15 +190,16 @@ class StepTiming:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self.session.optimizer_started()
 
+    @entry_point(
+        "lightning.optimizer_stepped", "after the strategy's optimizer step", per_step=True
+    )
+    def optimizer_stepped(self) -> None:
+        self.session.optimizer_ended()
+
     # Not per_step: it takes the telemetry sampler's queue through that door (once a second).
-    @entry_point("lightning.on_train_batch_end", "Lightning's on_train_batch_end hook")
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
-        global_step = trainer.global_step
-        last, stepped = self._last_global_step, None
-        if last is not None:  # no optimizer hook: the step counter says (see on_train_start)
-            stepped = global_step != last
-            self._last_global_step = global_step
-        self.session.batch_ended(global_step, trainer.current_epoch, stepped)
+    @entry_point("lightning.batch_done", "after the training loop's batch (its advance)")
+    def batch_done(self, trainer: Any) -> None:
+        self.session.batch_ended(trainer.global_step, trainer.current_epoch)
 
     @entry_point("lightning.on_train_epoch_end", "Lightning's on_train_epoch_end hook")
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
