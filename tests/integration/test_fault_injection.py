@@ -113,8 +113,8 @@ SCENARIOS: dict[str, Scenario] = {
     # Dispatched where the transfer, forward and backward have doors before them (CUDA events,
     # collectives); a single process on CPU opens Optimizer at the backward's end instead.
     "lightning.on_before_optimizer_step": scenario("torchrun"),
-    "lightning.batch_done": scenario("plain"),
-    "lightning.optimizer_stepped": scenario("plain"),
+    "lightning.optimizer_stepped": scenario("torchrun"),
+    "lightning.on_train_batch_end": scenario("plain"),
     "lightning.on_train_epoch_end": scenario("plain"),
     "lightning.on_train_end": scenario("plain"),
     "lightning.on_exception": scenario("raising", exit_code=1),
@@ -184,6 +184,7 @@ TORCHRUN_PAIRS = [
     ("lightning.batch_to_device", "distributed.work_wait_start"),
     ("lightning.forward_started", "lightning.forward_ended"),
     ("lightning.backward_started", "lightning.backward_ended"),
+    ("lightning.on_before_optimizer_step", "lightning.optimizer_stepped"),
 ]
 
 
@@ -380,7 +381,7 @@ def test_every_lightning_hook_of_the_callback_is_an_entry_point(package):
         and inspect.isfunction(getattr(callback_api, name, None))
     }
     # Sanity: the overrides the step timing depends on are found at all.
-    assert {"setup", "on_train_start", "on_before_optimizer_step", "on_train_epoch_end"} <= set(
+    assert {"setup", "on_train_start", "on_before_optimizer_step", "on_train_batch_end"} <= set(
         hooks
     )
     undecorated = sorted(

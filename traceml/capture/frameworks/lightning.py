@@ -14,8 +14,8 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
                                    on_after_backward)   -> Backward (an instance-level wrapper)
         on_before_optimizer_step, clipping, the update  -> Optimizer, to the return of
                                           strategy.optimizer_step (an instance-level wrapper)
-    lr schedulers, on_train_batch_end hooks, logging -> Residual
-    (the step ends when the epoch loop's advance returns: an instance-level wrapper)
+    lr schedulers, on_train_batch_end (callbacks before this one)  -> Residual
+    (the step ends at this callback's on_train_batch_end; traceml's is the last callback)
 
 Optimizer opens at traceml's ``on_before_optimizer_step``; with one-door timing (a single
 process without CUDA events) traceml has no such hook, and Optimizer opens where the stepping
@@ -28,7 +28,7 @@ Who does what: ``lightning_attach`` gives the first training fit of the process 
 the callback only translates Lightning's hooks into boundaries of a
 :class:`~traceml.capture.session.Session` (which owns the clock, the parts and the rank file);
 ``lightning_instruments`` installs the fetcher / transfer / backward / forward / optimizer step
-/ batch instruments.
+instruments.
 Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``): a
 failure inside traceml turns tracing off with one warning and never reaches the user.
 """
@@ -104,8 +104,6 @@ class StepTiming:
     # ~2 us) and skips an attribute that is not callable (trainer/call.py). The per-batch hooks
     # this callback has no use for are None, so they cost the training loop nothing.
     on_train_batch_start = None
-    # The step ends after the loop's batch (lightning_instruments), not in this hook.
-    on_train_batch_end = None
     on_before_zero_grad = None
     # Backward is timed by a wrapper of the strategy's backward (lightning_instruments).
     on_before_backward = None
@@ -197,8 +195,8 @@ class StepTiming:
         self.session.optimizer_ended()
 
     # Not per_step: it takes the telemetry sampler's queue through that door (once a second).
-    @entry_point("lightning.batch_done", "after the training loop's batch (its advance)")
-    def batch_done(self, trainer: Any) -> None:
+    @entry_point("lightning.on_train_batch_end", "Lightning's on_train_batch_end hook")
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         self.session.batch_ended(trainer.global_step, trainer.current_epoch)
 
     @entry_point("lightning.on_train_epoch_end", "Lightning's on_train_epoch_end hook")

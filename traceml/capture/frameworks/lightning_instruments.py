@@ -10,11 +10,6 @@
   callback's and the module's backward hooks, the DDP reducer's preparation, ``loss.backward``).
 * Optimizer's end: ``strategy.optimizer_step`` is wrapped on this strategy instance (its
   return: the update is done; lr schedulers and batch-end callbacks after it are Residual).
-* The step's end: the training epoch loop's ``advance`` is wrapped on this loop instance (the
-  batch's whole body: every batch-end callback, the module's hook and the logging are in the
-  step, validation and checkpoints in ``on_advance_end`` are not). Not ``on_train_batch_end``:
-  Lightning's dispatch of a hook to a callback (a profiler context and a call, ~3 us) is more
-  than the wrapper's frame.
 * Forward: an instance-level ``forward`` on the model's inner network, which pickling,
   deepcopy and ``torch.save`` of the model do not carry (traceml.capture.forward_hooks). Not
   forward hooks: a module with hooks takes torch's slow call path (~3.5 us per call). A module
@@ -112,7 +107,6 @@ class Instruments:
     def install(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
         self.instrument_fetcher(fetcher)
         observer = self.observer
-        self._wrap_batch(trainer)
         self._wrap_optimizer_step(trainer.strategy)
         self._wrap_transfer(trainer.strategy)
         module = forward_module(pl_module)
@@ -155,20 +149,6 @@ class Instruments:
 
         self.fetcher = fetcher
         self._restore_fetcher = restore_fetcher
-
-    def _wrap_batch(self, trainer: Any) -> None:
-        """The step's end: after the epoch loop's ``advance`` returns (a batch that raised
-        never ends a step: the exception hook drops it)."""
-        loop = trainer.fit_loop.epoch_loop
-        original_advance = loop.advance
-        observer = self.observer
-
-        def timed_advance(*args: Any, **kwargs: Any) -> Any:
-            result = original_advance(*args, **kwargs)
-            observer.batch_done(trainer)
-            return result
-
-        self._undo.append(_set_instance_attribute(loop, "advance", timed_advance))
 
     def _wrap_optimizer_step(self, strategy: Any) -> None:
         original_step = strategy.optimizer_step
