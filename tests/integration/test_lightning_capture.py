@@ -51,6 +51,9 @@ def test_one_record_per_optimizer_step_and_phases_add_up(tmp_path, package):
     assert result.returncode == 0, result.stderr
     lightning = tiny_result(result.stdout)
     assert lightning["traceml_callbacks"] == 1
+    # The step ends just before the module's on_train_batch_end: Lightning dispatches no
+    # batch-end hook to traceml's callback.
+    assert lightning["batch_end_dispatches"] == 0
     records = rank_records(run_dir)
     assert records[0]["kind"] == "header" and records[-1]["kind"] == "footer"
     assert records[-1]["status"] == "completed"

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 from traceml.capture.forward_hooks import (  # noqa: E402
     add_forward_hooks,
+    call_before_method,
     can_wrap_forward,
     wrap_forward,
     wrap_forward_once,
@@ -288,3 +289,41 @@ def test_only_a_plain_method_forward_on_a_getstate_copied_class_is_wrapped():
     model = make()
     model.__dict__["forward"] = lambda x: x  # the user's own instance forward: called by ours
     assert can_wrap_forward(model)
+
+
+lightning = pytest.importorskip("lightning.pytorch")
+
+
+class HookedModule(lightning.LightningModule):  # module level: pickled by the test
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 2)
+        self.seen: list = []
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.seen.append(batch_idx)
+        return "theirs"
+
+
+def test_a_door_before_a_lightning_module_hook_runs_first_and_no_copy_carries_it():
+    module, timer = HookedModule(), Timer()
+    untraced = sorted(vars(module))
+    signature = inspect.signature(module.on_train_batch_end)
+    assert can_wrap_forward(module, "on_train_batch_end")
+
+    def before(*args):
+        timer.calls.append(("before", args, list(module.seen)))
+
+    undo = call_before_method(module, "on_train_batch_end", before, "trainer", None)
+    assert module.on_train_batch_end(None, None, 7) == "theirs"
+    assert timer.calls == [("before", ("trainer", None), [])]  # before the user's hook runs
+    assert module.seen == [7]
+    assert inspect.signature(module.on_train_batch_end) == signature
+    for twin in copies(module):
+        assert sorted(vars(twin)) == untraced
+        twin.on_train_batch_end(None, None, 8)
+    assert len(timer.calls) == 1  # the copies never call traceml
+    undo()
+    assert sorted(vars(module)) == untraced
+    module.on_train_batch_end(None, None, 9)
+    assert len(timer.calls) == 1

@@ -20,7 +20,9 @@ then traceml's function. It holds the module by a weak reference (no cycle of tr
 the module's own ``__dict__``) and calls the class's ``forward`` function as it was at install
 (or the user's own instance ``forward``, when they set one) exactly once per call. Only for a
 module whose forward is a plain method and whose class copies itself through ``__getstate__``
-(:func:`can_wrap_forward`): anything else keeps the hooks. Known and left: code that copies a
+(:func:`can_wrap_forward`): anything else keeps the hooks. :func:`call_before_method` puts a door
+before one of the module's methods the same way (the LightningModule's ``on_train_batch_end``,
+where Lightning's step ends). Known and left: code that copies a
 module's ``__dict__`` itself (``nn.DataParallel``'s replicas) would carry the wrapper, which runs
 the original module; Lightning 2.x has no DataParallel strategy.
 """
@@ -35,6 +37,8 @@ from typing import Any
 # A class that copies itself by any of these may copy its __dict__ as is, the wrapper with it.
 _OWN_COPYING = ("__deepcopy__", "__copy__", "__reduce__", "__reduce_ex__")
 # Module attributes keyed by hook id (torch 2.x): every one a forward hook may leave an entry in.
+# Methods traceml may wrap on an instance: its forward, and Lightning's batch-end hook.
+_WRAPPED_NAMES = ("forward", "on_train_batch_end")
 _HOOK_DICTS = (
     "_forward_pre_hooks",
     "_forward_pre_hooks_with_kwargs",
@@ -65,19 +69,19 @@ def add_forward_hooks(
     return undo
 
 
-def can_wrap_forward(module: Any) -> bool:
-    """Whether ``module``'s forward can be timed by an instance-level ``forward``: a plain
-    Python method of its class (or a callable the user set on the instance), and a class that
-    copies itself through ``__getstate__`` (no ``__deepcopy__`` / ``__reduce__`` of its own,
-    which could carry the wrapper into a copy). Otherwise (a scripted module, say) the
-    caller uses hooks."""
+def can_wrap_forward(module: Any, name: str = "forward") -> bool:
+    """Whether ``module``'s ``name`` method (its forward, or a Lightning hook) can be wrapped by
+    an instance-level attribute: a plain Python method of its class (or a callable the user set
+    on the instance), and a class that copies itself through ``__getstate__`` (no
+    ``__deepcopy__`` / ``__reduce__`` of its own, which could carry the wrapper into a copy).
+    Otherwise (a scripted module, say) the caller uses hooks."""
     try:
         cls = type(module)
-        if any(name in vars(base) for base in cls.__mro__[:-1] for name in _OWN_COPYING):
+        if any(own in vars(base) for base in cls.__mro__[:-1] for own in _OWN_COPYING):
             return False
-        if "forward" in module.__dict__:
-            return callable(module.__dict__["forward"])
-        bound = module.forward
+        if name in module.__dict__:
+            return callable(module.__dict__[name])
+        bound = getattr(module, name)
         return (
             inspect.ismethod(bound)
             and bound.__self__ is module
@@ -87,10 +91,10 @@ def can_wrap_forward(module: Any) -> bool:
         return False
 
 
-def _untimed_call(module: Any) -> tuple[Any, Any]:
-    """(the user's own instance forward or None, the class's forward function)."""
-    previous = module.__dict__.get("forward")
-    return previous, None if previous is not None else module.forward.__func__
+def _untimed_call(module: Any, name: str = "forward") -> tuple[Any, Any]:
+    """(the user's own instance attribute or None, the class's function)."""
+    previous = module.__dict__.get(name)
+    return previous, None if previous is not None else getattr(module, name).__func__
 
 
 def wrap_forward(
@@ -146,22 +150,43 @@ def wrap_forward_once(
     return _install_forward(module, timed_forward, previous)
 
 
-def _install_forward(module: Any, timed_forward: Any, previous: Any) -> Callable[[], None]:
+def _install_forward(
+    module: Any, timed_forward: Any, previous: Any, name: str = "forward"
+) -> Callable[[], None]:
     timed_forward.traceml_previous_forward = previous
-    _look_like(timed_forward, module.forward)
+    _look_like(timed_forward, getattr(module, name))
     getstate = _getstate_without(module, frozenset())
     module.__dict__["__getstate__"] = getstate
-    module.__dict__["forward"] = timed_forward
+    module.__dict__[name] = timed_forward
 
     def undo() -> None:
-        if module.__dict__.get("forward") is timed_forward:  # else the user replaced it: theirs
+        if module.__dict__.get(name) is timed_forward:  # else the user replaced it: theirs
             if previous is None:
-                del module.__dict__["forward"]
+                del module.__dict__[name]
             else:
-                module.__dict__["forward"] = previous
+                module.__dict__[name] = previous
         _remove_getstate(module, getstate)
 
     return undo
+
+
+def call_before_method(
+    module: Any, name: str, before: Callable[..., Any], *before_args: Any
+) -> Callable[[], None]:
+    """``before(*before_args)`` at each call of ``module``'s ``name`` method, just before the
+    method runs (``before`` must never raise: a guarded entry point); the undo. An
+    instance-level attribute that no copy of the module carries, as the forward's. Only where
+    :func:`can_wrap_forward` says so for ``name``."""
+    module_ref = weakref.ref(module)
+    previous, function = _untimed_call(module, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        before(*before_args)
+        if previous is not None:
+            return previous(*args, **kwargs)
+        return function(module_ref(), *args, **kwargs)
+
+    return _install_forward(module, wrapper, previous, name)
 
 
 def _look_like(timed_forward: Any, untimed: Any) -> None:
@@ -216,14 +241,16 @@ def _without_traceml(state: Any, ours: frozenset[int]) -> Any:
     if not isinstance(state, dict):
         return state
     state = dict(state)
-    forward = state.get("forward")
-    if hasattr(forward, "traceml_previous_forward"):
-        while hasattr(forward, "traceml_previous_forward"):  # traceml's, maybe more than one
-            forward = forward.traceml_previous_forward
-        if forward is None:
-            del state["forward"]
+    for name in _WRAPPED_NAMES:
+        wrapper = state.get(name)
+        if not hasattr(wrapper, "traceml_previous_forward"):
+            continue
+        while hasattr(wrapper, "traceml_previous_forward"):  # traceml's, maybe more than one
+            wrapper = wrapper.traceml_previous_forward
+        if wrapper is None:
+            del state[name]
         else:
-            state["forward"] = forward
+            state[name] = wrapper
     untraced = _untraced(state.get("__getstate__"))
     if untraced is None:
         state.pop("__getstate__", None)

@@ -122,10 +122,23 @@ class Module(pl.LightningModule):
         super().__init__()
         self.model = Net()
         self.seen = 0
+        self.batch_end_dispatches = -1
         self.leaked: list[torch.Tensor] = []
         self.lr = 0.01
         if os.environ.get("TINY_MANUAL"):
             self.automatic_optimization = False
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        # How many of traceml's callbacks Lightning dispatches its batch-end hook to (none
+        # while traceml ends the step just before this hook instead). Once an epoch: the
+        # overhead benchmarks run this script, and this loop is not traceml's cost.
+        if batch_idx:
+            return
+        self.batch_end_dispatches = sum(
+            callable(cb.on_train_batch_end)
+            for cb in self.trainer.callbacks
+            if "StepCallback" in type(cb).__name__
+        )
 
     def training_step(self, batch, batch_idx):
         self.seen += 1
@@ -311,7 +324,8 @@ def main() -> int:
     if OPTIMIZER != "sgd":
         extra = f" forward_calls={module.model.training_calls}"
     print(
-        f"TINY_RESULT global_step={trainer.global_step} traceml_callbacks={len(callbacks)}{extra}"
+        f"TINY_RESULT global_step={trainer.global_step} traceml_callbacks={len(callbacks)}"
+        f" batch_end_dispatches={module.batch_end_dispatches}{extra}"
     )
     return env_int("TINY_EXIT_CODE", 0)
 

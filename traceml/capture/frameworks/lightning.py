@@ -14,8 +14,10 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
                                    on_after_backward)   -> Backward (an instance-level wrapper)
         on_before_optimizer_step, clipping, the update  -> Optimizer, to the return of
                                           strategy.optimizer_step (an instance-level wrapper)
-    lr schedulers, on_train_batch_end (callbacks before this one)  -> Residual
-    (the step ends at this callback's on_train_batch_end; traceml's is the last callback)
+    lr schedulers, every callback's on_train_batch_end  -> Residual
+    (the step ends just before the LightningModule's own on_train_batch_end, which Lightning
+    calls right after the callbacks': an instance-level wrapper of the module's hook, or,
+    where the module cannot be wrapped, this callback's hook, the last callback)
 
 Optimizer opens at traceml's ``on_before_optimizer_step``; with one-door timing (a single
 process without CUDA events) traceml has no such hook, and Optimizer opens where the stepping
@@ -158,6 +160,7 @@ class StepTiming:
         )
         self.instruments.install(trainer, pl_module, fetcher)
         self._time_optimizer_from_backward(trainer)
+        self._end_steps_before_module_hook(trainer, pl_module)
         self._install_input_timing(trainer)
 
     def _time_optimizer_from_backward(self, trainer: Any) -> None:
@@ -173,6 +176,15 @@ class StepTiming:
         # An attribute that is not callable: Lightning skips the hook (trainer/call.py).
         self.on_before_optimizer_step = None
         self.instruments.add_undo(lambda: self.__dict__.pop("on_before_optimizer_step", None))
+
+    def _end_steps_before_module_hook(self, trainer: Any, pl_module: Any) -> None:
+        """The step ends just before the LightningModule's ``on_train_batch_end``, which
+        Lightning calls right after every callback's: the same point as this callback's hook
+        (the last callback), without Lightning's dispatch of it to a callback each batch."""
+        ended = self.on_train_batch_end  # the guarded hook, bound before the attribute hides it
+        if self.instruments.end_steps_before_module_hook(trainer, pl_module, ended):
+            self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
+            self.instruments.add_undo(lambda: self.__dict__.pop("on_train_batch_end", None))
 
     @entry_point("lightning.on_train_epoch_start", "Lightning's on_train_epoch_start hook")
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -195,7 +207,12 @@ class StepTiming:
         self.session.optimizer_ended()
 
     # Not per_step: it takes the telemetry sampler's queue through that door (once a second).
-    @entry_point("lightning.on_train_batch_end", "Lightning's on_train_batch_end hook")
+    # Called just before the module's on_train_batch_end (_end_steps_before_module_hook), or
+    # as a callback hook where the module's cannot be wrapped.
+    @entry_point(
+        "lightning.on_train_batch_end",
+        "Lightning's on_train_batch_end (just before the module's hook, or this callback's)",
+    )
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         self.session.batch_ended(trainer.global_step, trainer.current_epoch)
 
