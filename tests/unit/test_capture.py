@@ -1,6 +1,11 @@
 """The phase clock: exact step records from hand-picked timestamps (no torch)."""
 
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from traceml import schema
+from traceml.capture.closed_step import ClosedStep, Group
 from traceml.capture.step_clock import StepClock
 
 MS = 1_000_000  # ns
@@ -272,3 +277,59 @@ def test_a_step_with_no_timed_backward_has_no_optimizer_time():
     clock.optimizer_started(6 * MS)
     record = clock.batch_closed(10 * MS).record()
     assert (record[schema.BACKWARD], record[schema.OPTIMIZER]) == (3.0, 4.0)
+
+
+def _general_record(closed) -> dict:
+    """ClosedStep.record by its general path only (the usual-step shortcut bypassed)."""
+    group = closed.group
+    named = group.input_ns + sum(
+        v or 0 for v in (group.h2d_ns, group.forward_ns, group.backward_ns, group.optimizer_ns)
+    )
+    record = closed._phases(max(closed.end_ns - group.start_ns, named))
+    record.update(closed.extra)
+    return record
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    # Half of the values on a rounding edge (x500 ns): the shortcut must round as _phases does.
+    phases=st.lists(
+        st.one_of(st.integers(0, 5_000_000), st.integers(0, 5_000).map(lambda k: k * 1000 + 500)),
+        min_size=6,
+        max_size=6,
+    ),
+    measured=st.lists(st.booleans(), min_size=4, max_size=4),
+    start=st.integers(0, 10**12),
+    gap=st.one_of(st.none(), st.integers(0, 10**9)),
+    tail=st.integers(-3_000_000, 3_000_000),
+    microbatches=st.sampled_from([1, 1, 2]),
+    stepped=st.booleans(),
+    context=st.sampled_from([(3, 0), (None, None), (7, None)]),
+    rss=st.one_of(st.none(), st.integers(0, 10**10)),
+    usual=st.booleans(),
+)
+def test_the_usual_step_shortcut_writes_the_same_line_as_the_general_path(
+    phases, measured, start, gap, tail, microbatches, stepped, context, rss, usual
+):
+    # ClosedStep._usual builds the common record in one dict display: same keys, same order,
+    # same rounding as _phases, including overlaps (a negative tail) and rounding at 500 ns.
+    if usual:  # half the cases take the shortcut (every phase measured, one microbatch...)
+        measured, gap, microbatches, stepped = [True] * 4, gap or 0, 1, True
+        context = (context[0] or 0, context[1] or 0)
+    clock = StepClock(origin_ns=start // 3)
+    group = Group(start)
+    group.microbatches, group.input_ns = microbatches, phases[0]
+    for name, value, on in zip(
+        ("h2d_ns", "forward_ns", "backward_ns", "optimizer_ns"), phases[1:5], measured, strict=True
+    ):
+        setattr(group, name, value if on else None)
+    named = group.input_ns + sum(v for v, on in zip(phases[1:5], measured, strict=True) if on)
+    end = start + named + phases[5] % 1000 + tail
+    last_end = None if gap is None else start - gap
+    closed = ClosedStep(clock, group, end, last_end, stepped, context[0], context[1], 4)
+    if rss is not None:
+        closed.extra["rss"] = rss
+    closed.extra["own"] = 1.5
+    expected = orjson.dumps(_general_record(closed))
+    assert orjson.dumps(closed.record()) == expected
+    assert clock.overlaps == (1 if end - start < named else 0)

@@ -91,8 +91,9 @@ def entry_point(
     ``owner_arg``: the positional argument that owns the failure and the cost (``self`` for a
     method); -1 for a plain function, whose failure only warns (the process-wide fallback).
     ``per_step``: a door of the training step's hot path that is never entered while its
-    thread is inside another door and never enters one itself (its cost would then be counted
-    twice): it skips the per-thread nesting bookkeeping.
+    thread is inside another door and enters none itself whose owner's cost is part of
+    ``traceml_us`` (it would then be counted twice): it skips the per-thread nesting
+    bookkeeping.
     """
     if name in ENTRY_POINTS:
         raise ValueError(f"entry point {name!r} registered twice")

@@ -22,7 +22,7 @@ from typing import Any
 from traceml import console, schema
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
-from traceml.capture.recorder import RankRecorder, build_header
+from traceml.capture.recorder import RankRecorder
 from traceml.capture.session_exit import finish_at_exit
 from traceml.capture.session_parts import (
     CommTiming,
@@ -32,7 +32,6 @@ from traceml.capture.session_parts import (
     PhaseClock,
     TelemetrySource,
     Undo,
-    describe_device,
 )
 from traceml.capture.undo import undo_all
 from traceml.settings import Settings
@@ -265,14 +264,22 @@ class Session:
             self.gpu.step_ended(record)
             for finished in self.gpu.ready():
                 self._write_step(finished)
-        else:
-            self._write_step(closed)
+        else:  # _write_step, inlined: the callers checked the state (TRACING) just now
+            recorder = self.recorder
+            written = recorder.step(closed)
+            if not written or recorder.limit_reached:
+                self._after_write(recorder, written)
 
     def _write_step(self, record: Any) -> None:
         recorder = self.recorder
-        if recorder is None or self.life.state not in (TRACING, DONE):
-            return
-        if not recorder.step(record):
+        if recorder is not None and self.life.state in (TRACING, DONE):
+            written = recorder.step(record)
+            if not written or recorder.limit_reached:
+                self._after_write(recorder, written)
+
+    def _after_write(self, recorder: Any, written: bool) -> None:
+        """The rank file refused a step, or the step limit was reached."""
+        if not written:
             if recorder.bad_record is not None:  # the flusher could not make one: file open
                 self.disable(f"a step record could not be made ({recorder.bad_record})")
                 return
@@ -304,19 +311,9 @@ class Session:
             self.recorder.event("warning", schema.EVENT_NOTE, note)
 
     def write_header(self, timing: str) -> None:
-        if self.recorder is None:
-            return
-        self.recorder.write_header(
-            build_header(
-                self.settings,
-                self.rank_info,
-                integration=self.integration,
-                device=describe_device(self.device),
-                clock_origin_unix=self._clock_origin_unix,
-                timing=timing,
-                extra=self.header_extra,
-            )
-        )
+        from traceml.capture.session_start import write_header
+
+        write_header(self, timing)
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ from traceml import console, schema
 from traceml.capture import step_clock
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, READY, TRACING, UNSUPPORTED
-from traceml.capture.recorder import RankRecorder
+from traceml.capture.recorder import RankRecorder, build_header
+from traceml.capture.session_parts import describe_device
 
 
 def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: str | None) -> bool:
@@ -137,3 +138,20 @@ def _start_comm_timing(session: Any, ddp_model: Any) -> None:
                 "message": f"DDP gradient-bucket timing is off: {comm.bucket_note}",
             }
         )
+
+
+def write_header(session: Any, timing: str) -> None:
+    """The rank file's header (once the clock's timing kind is known)."""
+    if session.recorder is None:
+        return
+    session.recorder.write_header(
+        build_header(
+            session.settings,
+            session.rank_info,
+            integration=session.integration,
+            device=describe_device(session.device),
+            clock_origin_unix=session._clock_origin_unix,
+            timing=timing,
+            extra=session.header_extra,
+        )
+    )

@@ -31,8 +31,10 @@ def ns_to_ms(value: int | None) -> float | None:
     return None if value is None else value / NS_PER_MS
 
 
-@dataclass(slots=True)
 class _Microbatch:
+    """One microbatch's open phases. Defaults are class attributes, no ``__init__``: one is
+    made at every fetch (see ``Group``)."""
+
     forward_depth: int = 0
     forward_start_ns: int = 0
     backward_start_ns: int | None = None
@@ -93,7 +95,7 @@ class StepClock:
             input_ns += iter_end - iter_start
             window_start = iter_start
         if self._group is None:
-            self._group = Group(start_ns=window_start)
+            self._group = Group(window_start)
         self._group.input_ns += input_ns
         self._micro = _Microbatch()
 
@@ -254,7 +256,9 @@ class StepClock:
         elif start is None:
             return None
         window = (now_ns if end is None else end) - start - micro.nested_ns
-        group.optimizer_ns = (group.optimizer_ns or 0) + max(0, window)
+        if window < 0:
+            window = 0
+        group.optimizer_ns = (group.optimizer_ns or 0) + window
         return self._close(now_ns, True, global_step, epoch)
 
     def epoch_closed(

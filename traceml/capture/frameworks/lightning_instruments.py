@@ -64,7 +64,9 @@ def timed_fetcher_class(base: type) -> type:
         def __next__(self):
             observer = self.__dict__.get("_traceml_observer")
             start = clock_ns()
-            batch = super(timed, self).__next__()  # user errors and StopIteration pass through
+            # base's method, looked up at each call, without a super object per batch; user
+            # errors and StopIteration pass through
+            batch = base.__next__(self)
             if observer is not None:
                 observer.fetched(start, clock_ns())
             return batch

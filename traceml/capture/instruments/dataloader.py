@@ -102,7 +102,8 @@ def timed_fetcher_class(base: type) -> type:
         def fetch(self, possibly_batched_index):
             collate = self.collate_fn
             start = collate.started = clock_ns()
-            batch = super(timed, self).fetch(possibly_batched_index)  # errors pass through
+            # base's fetch, looked up at each call, without a super object per batch
+            batch = base.fetch(self, possibly_batched_index)  # errors pass through
             timing = _active
             if timing is not None and timing.on:
                 samples = len(possibly_batched_index) if self.auto_collation else 1
@@ -316,13 +317,14 @@ class InputTiming:
     )
     def batch_made(self, start: int, collate_start: int, samples: int) -> None:
         end = clock_ns()
-        counters = self._here()
+        counters = self.counters
         if counters is None:
-            return
+            counters = self._here()
+            if counters is None:
+                return
         counters.samples += samples
         counters.getitem_ns += collate_start - start
         counters.collate_ns += end - collate_start
-        counters.busy_ns += end - start
         counters.batches += 1
         if not counters.first_start_ns:
             counters.first_start_ns = start
