@@ -281,7 +281,7 @@ def test_a_step_with_no_timed_backward_has_no_optimizer_time():
 
 def _general_record(closed) -> dict:
     """ClosedStep.record by its general path only (the usual-step shortcut bypassed)."""
-    group = closed.group
+    group = closed
     named = group.input_ns + sum(
         v or 0 for v in (group.h2d_ns, group.forward_ns, group.backward_ns, group.optimizer_ns)
     )
@@ -326,7 +326,10 @@ def test_the_usual_step_shortcut_writes_the_same_line_as_the_general_path(
     named = group.input_ns + sum(v for v, on in zip(phases[1:5], measured, strict=True) if on)
     end = start + named + phases[5] % 1000 + tail
     last_end = None if gap is None else start - gap
-    closed = ClosedStep(clock, group, end, last_end, stepped, context[0], context[1], 4)
+    closed: ClosedStep = group  # closed as StepClock._close closes it
+    closed.clock, closed.end_ns, closed.last_end_ns = clock, end, last_end
+    closed.optimizer_stepped, closed.global_step, closed.epoch = stepped, *context
+    closed.index, closed.extra = 4, {}
     if rss is not None:
         closed.extra["rss"] = rss
     closed.extra["own"] = 1.5

@@ -47,10 +47,13 @@ _PHASE_NS = {
 
 
 class Group:
-    """Microbatches that feed one optimizer update.
+    """The microbatches that feed one optimizer update: open while the clock adds to it, then
+    closed (``StepClock._close`` sets the fields below the line) and handed to the sink as the
+    step whose record the flusher builds.
 
-    Defaults are class attributes and ``__init__`` sets only the start: one is made every step,
-    and a dataclass's generated ``__init__`` (every field stored) was ~30 bytecodes of it."""
+    One object per step, not two: the closed step was an instance of its own (a class call and
+    an ``__init__`` frame per step, on the training thread). Defaults are class attributes and
+    ``__init__`` sets only the start, for the same reason."""
 
     microbatches: int = 0
     input_ns: int = 0
@@ -62,6 +65,17 @@ class Group:
     comm_ns: dict[str, int] | None = None
     comm_count: int = 0
     comm_bytes: int = 0
+    # -- set when closed --
+    clock: Any = None  # the StepClock: origin, comm_enabled, and its overlaps counter
+    end_ns: int = 0
+    last_end_ns: int | None = None
+    optimizer_stepped: bool = True
+    global_step: int | None = None
+    epoch: int | None = None
+    index: int = 0
+    # Fields the session adds (RSS, traceml's own cost), by short key: a dict of the step's
+    # own, made when it closes.
+    extra: dict[str, Any]
 
     def __init__(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -69,48 +83,10 @@ class Group:
     def __repr__(self) -> str:
         return f"Group({vars(self)})"
 
-
-class ClosedStep:
-    """One optimizer step (or an epoch's leftover microbatches), not yet a record."""
-
-    __slots__ = (
-        "clock",
-        "end_ns",
-        "epoch",
-        "extra",
-        "global_step",
-        "group",
-        "index",
-        "last_end_ns",
-        "optimizer_stepped",
-    )
-
-    def __init__(
-        self,
-        clock: Any,  # the StepClock: origin, comm_enabled, and its overlaps counter
-        group: Group,
-        end_ns: int,
-        last_end_ns: int | None,
-        optimizer_stepped: bool,
-        global_step: int | None,
-        epoch: int | None,
-        index: int,
-    ) -> None:
-        self.clock = clock
-        self.group = group
-        self.end_ns = end_ns
-        self.last_end_ns = last_end_ns
-        self.optimizer_stepped = optimizer_stepped
-        self.global_step = global_step
-        self.epoch = epoch
-        self.index = index
-        # Fields the session adds (RSS, traceml's own cost), by short key.
-        self.extra: dict[str, Any] = {}
-
     def record(self) -> dict[str, Any]:
         """The step's record (rank schema 2.0 keys). Counts an overlap on the clock the first
         time, so call it once (the sink does)."""
-        group = self.group
+        group = self
         h2d, forward, backward, optimizer = (
             group.h2d_ns,
             group.forward_ns,
@@ -152,7 +128,7 @@ class ClosedStep:
     def _usual(self, h2d: int, forward: int, backward: int, optimizer: int) -> Any:
         """:meth:`record` of the usual step: the record :meth:`_phases` makes, the same keys
         in the same order, rounded the same way."""
-        group = self.group
+        group = self
         start = group.start_ns
         step_ns = self.end_ns - start
         input_ns = group.input_ns
@@ -192,7 +168,7 @@ class ClosedStep:
     def _phases(self, step_ns: int) -> dict[str, Any]:
         """The record without its comm fields: only what was measured, in whole microseconds;
         MICROBATCHES and OPTIMIZER_STEPPED only when they differ from schema.STEP_DEFAULTS."""
-        group = self.group
+        group = self
         h2d, forward, backward, optimizer = (
             group.h2d_ns,
             group.forward_ns,
@@ -259,3 +235,7 @@ def _comm_fields(record: dict[str, Any], group: Group, residual_ns: int) -> None
         record[_COMM_COUNT] = group.comm_count
     if group.comm_bytes:
         record[_COMM_BYTES] = group.comm_bytes
+
+
+# A Group once closed (``StepClock.batch_closed``): the name says which side of the close.
+ClosedStep = Group

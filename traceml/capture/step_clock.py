@@ -288,9 +288,16 @@ class StepClock:
         last_end, self._last_end_ns = self._last_end_ns, end_ns
         index = self.steps_emitted
         self.steps_emitted = index + 1
-        return ClosedStep(
-            self, group, end_ns, last_end, optimizer_stepped, global_step, epoch, index
-        )
+        # The group becomes the closed step (closed_step.Group): no object of its own.
+        group.clock = self
+        group.end_ns = end_ns
+        group.last_end_ns = last_end
+        group.optimizer_stepped = optimizer_stepped
+        group.global_step = global_step
+        group.epoch = epoch
+        group.index = index
+        group.extra = {}
+        return group
 
 
 def rss_reader():
