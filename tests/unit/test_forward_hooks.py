@@ -165,7 +165,8 @@ class Recursive(torch.nn.Module):
 
 def one_door(model, calls):
     ticks = iter(range(100, 10_000, 100))
-    return wrap_forward_once(model, lambda: next(ticks), calls.append)
+    # The start and the end of each outermost call: (100, 200), (300, 400)...
+    return wrap_forward_once(model, lambda: next(ticks), lambda start, end: calls.append(start))
 
 
 def two_doors(model, calls):
@@ -207,9 +208,9 @@ def test_one_door_counts_a_forward_inside_itself_once_and_times_a_raising_one():
     assert starts == [100]  # the inner call is part of the outer one
     with pytest.raises(TypeError):
         model()  # the user's error, as it would be untraced
-    assert starts == [100, 200]
+    assert starts == [100, 300]
     model(torch.ones(2))
-    assert starts == [100, 200, 300]  # the depth came back to 0 after the error
+    assert starts == [100, 300, 500]  # the depth came back to 0 after the error
     undo()
 
 
@@ -220,7 +221,7 @@ def test_one_door_leaves_a_forward_inside_backward_to_backward():
     model = make()
     starts: list[int] = []
     inside = Inside()
-    undo = wrap_forward_once(model, lambda: 7, starts.append, inside)
+    undo = wrap_forward_once(model, lambda: 7, lambda start, end: starts.append(start), inside)
     inside.depth = 1  # the strategy's backward is running: a recomputation
     model(torch.ones(1, 3))
     assert starts == []

@@ -25,7 +25,8 @@ class Observer:
     def backward_ended(self) -> None:
         self.calls.append("ended")
 
-    def backward_timed(self, start: int) -> None:
+    def backward_timed(self, start: int, end: int) -> None:
+        assert end >= start
         self.calls.append("timed")
 
 

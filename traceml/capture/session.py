@@ -160,21 +160,10 @@ class Session:
         if self.clock.forward_ended(clock_ns()) and self.gpu is not None:
             self.gpu.phase_ended("forward")
 
-    def forward_timed(self, start: int) -> None:
-        """A forward timed by one door after it (no CUDA events, no collectives to place)."""
-        end = clock_ns()
-        if self.life.state is TRACING:  # the clock ignores it outside a microbatch
-            self.clock.forward_timed(start, end)
-
-    def backward_timed(self, start: int) -> None:
-        """A backward timed by one door after it (no CUDA events, no collectives)."""
-        end = clock_ns()
-        if self.life.state is TRACING:  # the clock ignores it outside a microbatch
-            self.clock.backward_timed(start, end)
-
     def needs_start_doors(self) -> bool:
         """A door at a phase's start too (a CUDA event to record, collectives to place in it);
-        else an adapter may time a wrapped call by one door after it, its start a clock read."""
+        else an adapter may time a wrapped call by one door after it, straight into the clock
+        (the Lightning callback's ``direct_doors``)."""
         return self.gpu is not None or self.comm is not None
 
     def backward_started(self) -> None:

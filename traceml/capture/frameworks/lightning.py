@@ -48,7 +48,15 @@ from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
-from .lightning_instruments import Instruments, forward_module
+from .lightning_instruments import (
+    FETCH_DOOR,
+    H2D_DOOR,
+    STEPPED_DOOR,
+    DirectDoors,
+    Instruments,
+    direct_doors,
+    forward_module,
+)
 
 # Lightning's tuner runs a fit of its own (Tuner.lr_find / scale_batch_size add one of these
 # callbacks with _early_exit=True, then call trainer.fit); that fit is not the user's training.
@@ -200,9 +208,7 @@ class StepTiming:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self.session.optimizer_started()
 
-    @entry_point(
-        "lightning.optimizer_stepped", "after the strategy's optimizer step", per_step=True
-    )
+    @entry_point(STEPPED_DOOR, "after the strategy's optimizer step", per_step=True)
     def optimizer_stepped(self) -> None:
         self.session.optimizer_ended()
 
@@ -243,9 +249,7 @@ class StepTiming:
     def iterator_created(self, start: int, end: int) -> None:
         self.session.iterator_created(start, end)
 
-    @entry_point(
-        "lightning.fetcher_next", "each batch fetched from the training DataLoader", per_step=True
-    )
+    @entry_point(FETCH_DOOR, "each batch fetched from the training DataLoader", per_step=True)
     def fetched(self, start: int, end: int) -> None:
         self.session.fetched(start, end)
 
@@ -257,9 +261,7 @@ class StepTiming:
         """A door before the transfer and the forward too (CUDA events, collectives)."""
         return self.session.needs_start_doors()
 
-    @entry_point(
-        "lightning.batch_transferred", "after the strategy's batch transfer", per_step=True
-    )
+    @entry_point(H2D_DOOR, "after the strategy's batch transfer", per_step=True)
     def transferred(self, start: int) -> None:
         self.session.transferred(start)
 
@@ -272,12 +274,6 @@ class StepTiming:
     def backward_ended(self) -> None:
         self.session.backward_ended()
 
-    @entry_point(
-        "lightning.backward_timed", "after the strategy's backward (one door)", per_step=True
-    )
-    def backward_timed(self, start: int) -> None:
-        self.session.backward_timed(start)
-
     @entry_point("lightning.forward_started", "before the traced module's forward", per_step=True)
     def forward_started(self) -> None:
         self.session.forward_started()
@@ -286,11 +282,9 @@ class StepTiming:
     def forward_ended(self) -> None:
         self.session.forward_ended()
 
-    @entry_point(
-        "lightning.forward_timed", "after the traced module's forward (one door)", per_step=True
-    )
-    def forward_timed(self, start: int) -> None:
-        self.session.forward_timed(start)
+    def direct_doors(self) -> DirectDoors:
+        """One-door timing's per-step doors, straight into the clock (``direct_doors``)."""
+        return direct_doors(self, self.session.clock)
 
     # -- set-up ----------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from traceml.capture.forward_hooks import (
     wrap_forward,
     wrap_forward_once,
 )
+from traceml.capture.guard import bound_door, declare
 from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
@@ -103,26 +104,78 @@ class InBackward:
         self.depth = 0
 
 
+# The per-step doors that one-door timing binds straight to the clock (direct_doors); the
+# first three are the callback's entry points too, for the other modes.
+FETCH_DOOR, H2D_DOOR, STEPPED_DOOR = (
+    "lightning.fetcher_next",
+    "lightning.batch_transferred",
+    "lightning.optimizer_stepped",
+)
+FORWARD_DOOR = declare("lightning.forward_timed", "after the traced module's forward (one door)")
+BACKWARD_DOOR = declare("lightning.backward_timed", "after the strategy's backward (one door)")
+
+
+def direct_doors(callback: Any, clock: Any) -> DirectDoors:
+    """One-door timing (a single process, no CUDA events, no collectives to place): the
+    per-step doors call the session's ``clock`` straight, each a guarded door of the
+    ``callback``'s (its failure turns tracing off, its time is traceml's cost) without a frame
+    of the callback's or of the session's on the way. The session's state needs no check
+    there: it removes every instrument when it leaves TRACING, and a door still in flight then
+    (a forward that was running) moves a clock that writes nothing more."""
+    return DirectDoors(
+        fetched=bound_door(FETCH_DOOR, callback, clock.fetched, "start, end"),
+        transferred=bound_door(H2D_DOOR, callback, clock.transferred, "start, end"),
+        forward_timed=bound_door(FORWARD_DOOR, callback, clock.forward_timed, "start, end"),
+        backward_timed=bound_door(BACKWARD_DOOR, callback, clock.backward_timed, "start, end"),
+        optimizer_stepped=bound_door(STEPPED_DOOR, callback, clock.optimizer_ended, "now"),
+        iterator_created=callback.iterator_created,
+    )
+
+
+class DirectDoors:
+    """The per-step doors of one-door timing (the callback's ``direct_doors``): each called
+    with the phase's start and end (the wrapper reads the end: the door's own time is not the
+    phase's), straight into the clock."""
+
+    __slots__ = (
+        "backward_timed",
+        "fetched",
+        "forward_timed",
+        "iterator_created",
+        "optimizer_stepped",
+        "transferred",
+    )
+
+    def __init__(self, **doors: Any) -> None:
+        for name, door in doors.items():
+            setattr(self, name, door)
+
+
 class Instruments:
     """What one traced training installed, and how to take it away again."""
 
     def __init__(self, observer: Any) -> None:
         self.observer = observer
+        # What the wrappers call: the observer's guarded methods, or with one-door timing
+        # its DirectDoors.
+        self.doors: Any = observer
         self.fetcher: Any = None
         self.one_door = False  # install() timed the transfer, forward and backward by one door
         self._restore_fetcher: Any = None
         self._undo: list[Any] = []
 
     def install(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
-        self.instrument_fetcher(fetcher)
         observer = self.observer
-        self._wrap_optimizer_step(trainer.strategy)
-        self._wrap_transfer(trainer.strategy)
         module = forward_module(pl_module)
         wrappable = module is None or can_wrap_forward(module)
         # One door per phase needs both wrappers: the forward's tells a recomputation inside
         # backward by the backward wrapper's flag (hooks would need the clock's, two doors).
         one_door = self.one_door = wrappable and not observer.needs_start_doors()
+        if one_door:
+            self.doors = observer.direct_doors()
+        self.instrument_fetcher(fetcher)
+        self._wrap_optimizer_step(trainer.strategy)
+        self._wrap_transfer(trainer.strategy)
         inside = InBackward()
         if one_door:
             self._wrap_backward_once(trainer.strategy, inside)
@@ -131,7 +184,7 @@ class Instruments:
         if module is None:
             return
         if one_door:
-            undo = wrap_forward_once(module, clock_ns, observer.forward_timed, inside)
+            undo = wrap_forward_once(module, clock_ns, self.doors.forward_timed, inside)
         elif wrappable:
             undo = wrap_forward(module, observer.forward_started, observer.forward_ended)
         else:  # a forward that is not a plain method (a scripted module): hooks, as before
@@ -159,7 +212,7 @@ class Instruments:
         if self._restore_fetcher is not None:
             self._restore_fetcher()
         original_class = type(fetcher)
-        fetcher._traceml_observer = self.observer
+        fetcher._traceml_observer = self.doors
         fetcher.__class__ = timed_fetcher_class(original_class)
 
         def restore_fetcher() -> None:
@@ -174,10 +227,20 @@ class Instruments:
         original_step = strategy.optimizer_step
         observer = self.observer
 
-        def timed_optimizer_step(*args: Any, **kwargs: Any) -> Any:
-            result = original_step(*args, **kwargs)  # the user's errors pass through
-            observer.optimizer_stepped()
-            return result
+        if self.one_door:
+            stepped = self.doors.optimizer_stepped
+
+            def timed_optimizer_step(*args: Any, **kwargs: Any) -> Any:
+                result = original_step(*args, **kwargs)  # the user's errors pass through
+                stepped(clock_ns())
+                return result
+
+        else:
+
+            def timed_optimizer_step(*args: Any, **kwargs: Any) -> Any:
+                result = original_step(*args, **kwargs)  # the user's errors pass through
+                observer.optimizer_stepped()
+                return result
 
         self._undo.append(_set_instance_attribute(strategy, "optimizer_step", timed_optimizer_step))
 
@@ -192,6 +255,15 @@ class Instruments:
                 result = original_transfer(*args, **kwargs)
                 if token is not None:
                     observer.transferred(token)
+                return result
+
+        elif self.one_door:
+            transferred = self.doors.transferred
+
+            def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
+                start = clock_ns()
+                result = original_transfer(*args, **kwargs)
+                transferred(start, clock_ns())
                 return result
 
         else:
@@ -224,7 +296,7 @@ class Instruments:
         object: nothing to fail) tells the one-door forward that a forward run now is a
         recomputation inside backward (activation checkpointing): Backward, not Forward."""
         original_backward = strategy.backward
-        observer = self.observer
+        backward_timed = self.doors.backward_timed
 
         def timed_backward(*args: Any, **kwargs: Any) -> Any:
             if inside.depth:
@@ -235,7 +307,7 @@ class Instruments:
                 return original_backward(*args, **kwargs)  # the user's errors pass through
             finally:
                 inside.depth = 0
-                observer.backward_timed(start)
+                backward_timed(start, clock_ns())
 
         self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
 
