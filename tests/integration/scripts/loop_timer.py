@@ -67,6 +67,12 @@ def install(package: str) -> None:
             f"p25_seconds={p25:.6f} p50_seconds={p50:.6f} batches={totals['batches']}",
             flush=True,
         )
+        # LOOP_TIMER_DURATIONS=<path>: every batch's wall time in ns, one per line, in order
+        # (benchmarks/overhead_tail.py: where in the distribution the added time lies).
+        dump = os.environ.get("LOOP_TIMER_DURATIONS")
+        if dump:
+            with open(dump, "w") as out:
+                out.write("".join(f"{round(d * 1e9)}\n" for d in durations))
 
     loop_class.advance = advance
     loop_class.on_advance_end = on_advance_end
