@@ -13,12 +13,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 TINY = SCRIPTS / "tiny_lightning.py"
 RFDETR = SCRIPTS / "rfdetr_train.py"
 PYTHON = sys.executable
+T = TypeVar("T")
 
 
 def clean_env(**extra: object) -> dict[str, str]:
@@ -52,11 +54,12 @@ def values(stdout: str, prefix: str) -> dict[str, float]:
 
 
 def alternate(
-    pairs: int, first: Callable[[], float], second: Callable[[], float], label: str = ""
-) -> tuple[list[float], list[float]]:
-    """Run first/second alternately (order flipped every pair) and return both samples."""
-    a_values: list[float] = []
-    b_values: list[float] = []
+    pairs: int, first: Callable[[], T], second: Callable[[], T], label: str = ""
+) -> tuple[list[T], list[T]]:
+    """Run first/second alternately (order flipped every pair) and return both samples.
+    ``label``: print each pair's two values (numbers) as it ends."""
+    a_values: list[T] = []
+    b_values: list[T] = []
     for index in range(pairs):
         order = [(first, a_values), (second, b_values)]
         if index % 2:

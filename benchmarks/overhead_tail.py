@@ -19,11 +19,13 @@ would collect more often.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from _common import PYTHON, TINY, clean_env, run, values
+from _common import PYTHON, TINY, alternate, clean_env, run, values
 
 BANDS = ((0, 25), (25, 50), (50, 75), (75, 90), (90, 99), (99, 99.9), (99.9, 100))
 QUANTILES = (10, 25, 50, 75, 90, 99)
@@ -71,6 +73,10 @@ def band_shares(plain: list[int], traced: list[int]) -> list[float]:
     return shares
 
 
+def mean_us(durations: list[int]) -> float:
+    return sum(durations) / len(durations) / 1000
+
+
 def quantile_us(durations: list[int], q: float) -> float:
     return durations[min(len(durations) - 1, int(len(durations) * q / 100))] / 1000
 
@@ -103,15 +109,20 @@ def main() -> None:
         site = work / "site"
         site.mkdir()
         (site / "sitecustomize.py").write_text(_SITE)
-        runs: dict[str, list[dict]] = {"plain": [], "traced": []}
-        for index in range(args.pairs):
-            order = ["plain", "traced"] if index % 2 == 0 else ["traced", "plain"]
-            for variant in order:
-                name = f"{variant}{index}"
-                runs[variant].append(one_run(work, name, variant == "traced", args.batches, site))
-            plain, traced = runs["plain"][-1]["durations"], runs["traced"][-1]["durations"]
-            diff = (sum(traced) / len(traced) - sum(plain) / len(plain)) / 1000
-            print(f"  pair {index + 1}/{args.pairs}: mean added {diff:+.1f} us a batch", flush=True)
+        counter = itertools.count()
+
+        def runner(traced: bool) -> Callable[[], dict]:
+            def one() -> dict:
+                name = f"{'traced' if traced else 'plain'}{next(counter)}"
+                return one_run(work, name, traced, args.batches, site)
+
+            return one
+
+        plain, traced = alternate(args.pairs, runner(False), runner(True))
+    runs = {"plain": plain, "traced": traced}
+    for index, (p, t) in enumerate(zip(plain, traced, strict=True)):
+        diff = mean_us(t["durations"]) - mean_us(p["durations"])
+        print(f"  pair {index + 1}/{args.pairs}: mean added {diff:+.1f} us a batch")
     report(runs)
 
 
@@ -124,9 +135,7 @@ def report(runs: dict[str, list[dict]]) -> None:
             statistics.median(quantile_us(r["durations"], q) for r in runs[variant])
             for q in QUANTILES
         ]
-        mean = statistics.median(
-            sum(r["durations"]) / len(r["durations"]) / 1000 for r in runs[variant]
-        )
+        mean = statistics.median(mean_us(r["durations"]) for r in runs[variant])
         print(f"  {variant:7}  " + "  ".join(f"{c:7.1f}" for c in cells) + f"  {mean:7.1f}")
     print("\nadded mean per batch, split by quantile band (us per batch, median over pairs):")
     shares = [band_shares(p["durations"], t["durations"]) for p, t in pairs]
