@@ -145,8 +145,13 @@ def scale_intervals(factor: float) -> None:
         elif defaults:
             defaults[-1] = telemetry.SAMPLE_INTERVAL_S * factor
             function.__defaults__ = tuple(defaults)
-    session = importlib.import_module("traceml.capture.session")
-    session.RSS_EVERY_NS = int(session.RSS_EVERY_NS * factor)
+    # The session's own step end and the event replay's (step_events) read it by name.
+    for name in ("traceml.capture.session", "traceml.capture.step_events"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # an older checkout, before the event log
+            continue
+        module.RSS_EVERY_NS = int(module.RSS_EVERY_NS * factor)
 
 
 def from_environment() -> Window | None:

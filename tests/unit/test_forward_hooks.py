@@ -166,7 +166,10 @@ class Recursive(torch.nn.Module):
 def one_door(model, calls):
     ticks = iter(range(100, 10_000, 100))
     # The start and the end of each outermost call: (100, 200), (300, 400)...
-    return wrap_forward_once(model, lambda: next(ticks), lambda start, end: calls.append(start))
+    # The log gets ("door", start, end), one tuple per outermost call.
+    return wrap_forward_once(
+        model, lambda: next(ticks), lambda event: calls.append(event[1]), "door"
+    )
 
 
 def two_doors(model, calls):
@@ -221,7 +224,7 @@ def test_one_door_leaves_a_forward_inside_backward_to_backward():
     model = make()
     starts: list[int] = []
     inside = Inside()
-    undo = wrap_forward_once(model, lambda: 7, lambda start, end: starts.append(start), inside)
+    undo = wrap_forward_once(model, lambda: 7, lambda event: starts.append(event[1]), "d", inside)
     inside.depth = 1  # the strategy's backward is running: a recomputation
     model(torch.ones(1, 3))
     assert starts == []

@@ -119,27 +119,9 @@ def test_a_per_step_door_counts_its_cost_routes_its_failure_and_marks_nothing(ow
     assert hot.failures == [("test_guard.per_step", "no value")]
 
 
-def test_a_bound_door_calls_its_function_and_gives_its_owner_the_failure_and_the_cost(
-    owner, monkeypatch
-):
-    # bound_door: an adapter's per-step door made at install time around any callable (the
-    # clock's bound method), the owner given rather than an argument.
-    with pytest.raises(ValueError, match="not registered"):
-        guard.bound_door("test_guard.undeclared", owner, print, "value")
-    name = guard.declare("test_guard.bound", "a door bound at install time")
+def test_a_declared_name_is_registered_once():
+    # declare: a door with no guarded callable (a logged event, replayed under this name).
+    name = guard.declare("test_guard.declared", "a door that logs an event")
+    assert guard.ENTRY_POINTS[name] == "a door that logs an event"
     with pytest.raises(ValueError, match="registered twice"):
         guard.declare(name, "again")
-    seen = []
-    door = guard.bound_door(name, owner, lambda start, end: seen.append(end - start), "start, end")
-    assert door(10, 25) is None and seen == [15]
-    assert owner.own_cost_ns > 0 and owner.failures == []
-    assert door.traceml_entry_point == name
-
-    def broken(start, end):
-        raise KeyError("inside traceml")
-
-    assert guard.bound_door(name, owner, broken, "start, end", default="d")(1, 2) == "d"
-    assert owner.failures == [(name, "'inside traceml'")]
-    monkeypatch.setattr(guard, "_inject", name)  # TRACEML_FAULT_INJECT reaches it too
-    assert door(1, 2) is None and seen == [15]
-    assert owner.failures[-1][0] == name and "fault injected" in owner.failures[-1][1]

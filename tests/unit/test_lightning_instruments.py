@@ -25,8 +25,9 @@ class Observer:
     def backward_ended(self) -> None:
         self.calls.append("ended")
 
-    def backward_timed(self, start: int, end: int) -> None:
-        assert end >= start
+    def __call__(self, event: tuple) -> None:  # one-door timing: the event log's append
+        door, start, end = event
+        assert door == "lightning.backward_timed" and end >= start
         self.calls.append("timed")
 
 
@@ -50,6 +51,7 @@ def test_a_raising_backward_passes_through_and_leaves_nothing_open(one_door):
     instruments = Instruments(observer)
     inside = InBackward()
     if one_door:
+        instruments.doors = observer  # as install() sets the session's event log
         instruments._wrap_backward_once(strategy, inside)
     else:
         instruments._wrap_backward(strategy)

@@ -119,11 +119,11 @@ def wrap_forward(
 
 
 def wrap_forward_once(
-    module: Any, clock: Callable[[], int], after: Callable[[int], Any], inside: Any = None
+    module: Any, clock: Callable[[], int], log: Callable[[Any], Any], door: str, inside: Any = None
 ) -> Callable[[], None]:
-    """Time ``module``'s forward with one door: ``after(start, end)`` once the outermost call
-    of this module returns or raises (``clock()`` reads before and after it; ``after`` must
-    never raise: a guarded entry point). A call inside another (a module calling itself) is part of
+    """Time ``module``'s forward with one door: ``log((door, start, end))`` once the outermost
+    call of this module returns or raises (``clock()`` reads before and after it; ``log`` must
+    never raise: a ``deque.append``). A call inside another (a module calling itself) is part of
     the outer one; so is a call while ``inside.depth`` is set (a recomputation inside the
     backward pass, whose time is Backward's). The undo. Only for a module that
     :func:`can_wrap_forward`."""
@@ -145,7 +145,7 @@ def wrap_forward_once(
             return function(module_ref(), *args, **kwargs)
         finally:
             depth = 0
-            after(start, clock())
+            log((door, start, clock()))
 
     return _install_forward(module, timed_forward, previous)
 

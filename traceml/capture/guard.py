@@ -163,58 +163,15 @@ def factory(_g_function, _g_name, _g_default):
     return guarded
 """
 _factories: dict[tuple[str, str, bool], Callable] = {}
-# A per-step door made at install time around any callable (bound_door): the owner is given,
-# not an argument.
-_BOUND_BODY = """
-def factory(_g_function, _g_name, _g_default, _g_owner):
-    def guarded({params}):
-        _g_start = _g_clock()
-        try:
-            if _g_guard._inject == _g_name:
-                raise _g_InjectedFault("fault injected into " + _g_name)
-            return _g_function({params})
-        except Exception as _g_exc:
-            _g_failed(_g_owner, _g_name, _g_exc)
-            return _g_default
-        finally:
-            try:
-                _g_owner.own_cost_ns += _g_clock() - _g_start
-            except Exception:
-                pass
-    return guarded
-"""
 
 
 def declare(name: str, what: str) -> str:
-    """Register entry point ``name`` whose guarded callable is made at install time
-    (:func:`bound_door`); returns the name."""
+    """Register entry point ``name`` that has no guarded callable of its own (a door that
+    logs an event, replayed as this entry point: ``step_events``); returns the name."""
     if name in ENTRY_POINTS:
         raise ValueError(f"entry point {name!r} registered twice")
     ENTRY_POINTS[name] = what
     return name
-
-
-def bound_door(
-    name: str, owner: Any, function: Callable, params: str, default: Any = None
-) -> Callable:
-    """Entry point ``name`` (registered: :func:`declare` or :func:`entry_point`) as a per-step
-    door around ``function``, any callable (a bound method of the session's clock), called
-    with ``params`` (its parameter list, spelled out: no packing). ``owner`` takes its failure
-    and its cost, as ``self`` does for :func:`entry_point`. An adapter binds its hot doors
-    straight to the clock this way: no frame of its own, none of the session's."""
-    if name not in ENTRY_POINTS:
-        raise ValueError(f"entry point {name!r} is not registered")
-    key = (params, "bound", True)
-    if key not in _factories:
-        namespace = _factory_namespace()
-        exec(
-            compile(_BOUND_BODY.format(params=params), f"<traceml door ({params})>", "exec"),
-            namespace,
-        )
-        _factories[key] = namespace["factory"]
-    guarded = _factories[key](function, name, default, owner)
-    guarded.traceml_entry_point = name
-    return guarded
 
 
 def _factory_namespace() -> dict[str, Any]:

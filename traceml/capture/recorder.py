@@ -101,12 +101,19 @@ class RankRecorder:
         sink = self.sink
         if sink is None or self.footer_written:
             return False
-        if self.limit_reached:
+        if not self.count_step(record):
             return True  # steps still queued for their CUDA events when the limit was reached
-        if sink.write_ns != self._write_ns_counted:
-            self._count_write_time(record, sink.write_ns)
-        if not sink.append(record):
+        return sink.append(record)
+
+    def count_step(self, record: Any) -> bool:
+        """Count one step record about to be queued (its cost field gets the flusher's write
+        time since the last one); False past ``trace_max_steps``: not to be written. The
+        sink's replay of door events (``step_events``) queues what it counts itself."""
+        if self.limit_reached or self.footer_written:
             return False
+        written = self.sink.write_ns
+        if written != self._write_ns_counted:
+            self._count_write_time(record, written)
         self.steps_written += 1
         if self._step_limit is not None and self.steps_written >= self._step_limit:
             self.limit_reached = True

@@ -23,7 +23,7 @@ from traceml import console, schema
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
 from traceml.capture.recorder import RankRecorder
-from traceml.capture.session_exit import finish_at_exit
+from traceml.capture.session_exit import drain_device, finish_at_exit
 from traceml.capture.session_parts import (
     CommTiming,
     CostOwner,
@@ -33,6 +33,7 @@ from traceml.capture.session_parts import (
     TelemetrySource,
     Undo,
 )
+from traceml.capture.step_clock import RSS_EVERY_NS
 from traceml.capture.undo import undo_all
 from traceml.settings import Settings
 from traceml.step_record import STEP_KEYS
@@ -40,7 +41,6 @@ from traceml.step_record import STEP_KEYS
 # A step record's own keys (rank schema 2.0).
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
-RSS_EVERY_NS = 10_000_000
 
 
 class Session:
@@ -77,6 +77,8 @@ class Session:
         # 'completed' unless an exception ended the script.
         self.ends_at_exit = False
         self.before_finish: list[Undo] = []  # adapters' last notes, before the footer
+        # One-door timing's event log (step_events): the doors' deque.append, its replay.
+        self.event_log = self.replay = None
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -113,8 +115,23 @@ class Session:
     def add_undo(self, undo: Undo) -> None:
         self._undo.append(undo)
 
+    def log_events(self, doors: dict[str, Any], end_door: str) -> Any:
+        """One-door timing's log (``step_events``), a ``list.append`` of ``(name, *fields)``;
+        ``doors``: event name -> the clock's method; ``end_door``: :meth:`batch_ended`'s."""
+        from traceml.capture.step_events import EventReplay
+
+        self.replay = EventReplay(self, doors, end_door, self.recorder.sink)
+        self.event_log = self.replay.log
+        return self.event_log
+
+    def settle(self) -> None:
+        """Replay every door event logged so far (the clock current). Never on the flusher."""
+        if self.replay is not None and self.recorder is not None:
+            self.replay.settle()
+
     def note(self, level: str, code: str, message: str) -> None:
         if self.recorder is not None:
+            self.settle()
             self.recorder.event(level, code, message)
 
     # -- boundaries (the adapter checked nothing; each method checks the state) -------------
@@ -199,6 +216,9 @@ class Session:
         """A microbatch ended; it writes the step when it stepped the optimizer."""
         if self.life.state is TRACING:  # no microbatch open: the clock returns None
             now = clock_ns()
+            if self.event_log is not None:  # the flusher closes the step (step_events)
+                self.replay.log_end(now, global_step, epoch)
+                return
             closed = self.clock.batch_closed(now, global_step, epoch)
             if closed is not None:
                 self._emit(closed, now)
@@ -206,6 +226,7 @@ class Session:
     def epoch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """Flush microbatches that never reached an optimizer step; the epoch's input record."""
         if self.life.state is TRACING:
+            self.settle()
             now = clock_ns()
             closed = self.clock.epoch_closed(now, global_step, epoch)
             if closed is not None:
@@ -214,6 +235,7 @@ class Session:
 
     def abandon_step(self) -> None:
         """The open step is not a step (an exception the training recovered from)."""
+        self.settle()
         if self.clock is not None:
             self.clock.abandon()
         if self.gpu is not None:
@@ -285,19 +307,8 @@ class Session:
             recorder.event("info", schema.EVENT_MAX_STEPS, note)
 
     def _drain(self) -> None:
-        """Write the steps still waiting for their CUDA events (end of training only). After a
-        sticky CUDA error the events cannot be read: those steps keep their host times."""
-        if self.gpu is None:
-            return
-        gpu, self.gpu = self.gpu, None
-        if self.comm is not None:
-            self.comm.gpu = None
-        for record in gpu.drain():
-            self._write_step(record)
-        if gpu.unreadable and self.recorder is not None:
-            note = f"the device could not report its timings for the last {gpu.unreadable} steps"
-            note += f" ({gpu.unreadable_reason}); their host times are kept"
-            self.recorder.event("warning", schema.EVENT_NOTE, note)
+        """Write the steps still waiting for their CUDA events (end of training only)."""
+        drain_device(self)
 
     def write_header(self, timing: str) -> None:
         from traceml.capture.session_start import write_header
@@ -308,6 +319,7 @@ class Session:
 
     def train_ended(self, epoch: Any = None) -> None:
         """Training finished normally: write what is pending; instruments off."""
+        self.settle()
         if self.life.state in (TRACING, DONE):
             self._drain()
             self.write_input_record(epoch)
@@ -365,6 +377,8 @@ class Session:
 
     def disable(self, reason: str) -> None:
         """Tracing off for this process: one warning, instruments removed, a note in the file."""
+        with suppress(Exception):
+            self.settle()  # the steps finished before the failure are written
         self.remove_instruments()
         if self.life.state in (DISABLED, UNSUPPORTED) or self._disabled_warned:
             return

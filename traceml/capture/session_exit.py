@@ -24,6 +24,8 @@ def finish_at_exit(session: Any) -> None:
     if recorder is None or recorder.footer_written or os.getpid() != session.pid:
         return
     session.remove_instruments()
+    with suppress(Exception):
+        session.settle()  # the door events logged before the exit: their steps are written
     if session.clock is not None:
         session.clock.abandon()
     with suppress(Exception):
@@ -36,3 +38,20 @@ def finish_at_exit(session: Any) -> None:
         recorder.status = schema.STATUS_INTERRUPTED
         recorder.error = recorder.error or EXITED_EARLY
     session.finish()
+
+
+def drain_device(session: Any) -> None:
+    """Write the steps still waiting for their CUDA events (end of training only). After a
+    sticky CUDA error the events cannot be read: those steps keep their host times."""
+    gpu = session.gpu
+    if gpu is None:
+        return
+    session.gpu = None
+    if session.comm is not None:
+        session.comm.gpu = None
+    for record in gpu.drain():
+        session._write_step(record)
+    if gpu.unreadable and session.recorder is not None:
+        note = f"the device could not report its timings for the last {gpu.unreadable} steps"
+        note += f" ({gpu.unreadable_reason}); their host times are kept"
+        session.recorder.event("warning", schema.EVENT_NOTE, note)

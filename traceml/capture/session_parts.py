@@ -95,6 +95,9 @@ class InputTimingSource(Protocol):
 
     def epoch_record(self, epoch: Any) -> dict[str, Any] | None: ...
     def uninstall(self) -> None: ...
+    # Counting from the session's door events (step_events), where the batches are made in
+    # this process; False where they are not.
+    def log_events(self, session: Any) -> bool: ...
 
 
 class CostOwner(Protocol):

@@ -72,6 +72,11 @@ class RankSink:
         # says False from then on, so the owner turns tracing off.
         self.bad_record: str | None = None
         self.writes = 0
+        # What turns a step's door events (a tuple, :meth:`replay_with`) into records.
+        self.on_event: Any = None
+        # The owner must act at its next chance: the file failed, a record could not be made,
+        # or the event replay asked (a failure, the step limit). One read per step.
+        self.halted = False
 
     def open(self) -> None:
         """Create the rank file; raise :class:`SinkError` with a user-facing reason."""
@@ -112,6 +117,20 @@ class RankSink:
             self.flush()
         return self._fd is not None and self.bad_record is None
 
+    def replay_with(self, on_event: Any) -> Any:
+        """The queue's ``append``, for a step's door events: a tuple of them that the flusher
+        hands to ``on_event`` in file order, which returns None, a record (a dict or a closed
+        step) or a list of them. Whoever queues must bound the queue (``MAX_QUEUED``, then
+        :meth:`flush`): this is a bare ``deque.append``."""
+        self.on_event = on_event
+        if self._flusher is None and self._fd is not None:
+            self._start_flusher()
+        return self._queue.append
+
+    def queued(self) -> int:
+        """How many items wait in the queue (records, lines, door events)."""
+        return len(self._queue)
+
     def write(self, record: dict[str, Any]) -> bool:
         """Write one record now, after everything queued (headers, events, footers).
         Returns False (after one warning) when it failed."""
@@ -143,16 +162,19 @@ class RankSink:
             try:
                 while queue:  # deque.popleft is atomic: a record appended meanwhile stays queued
                     item = queue.popleft()
-                    if type(item) is bytes:
+                    kind = type(item)
+                    if kind is bytes:
                         chunks.append(item)
                         continue
-                    try:
-                        if not isinstance(item, dict):
-                            item = item.record()  # a closed step (closed_step): built here, warm
-                        chunks.append(_dumps(item, option=_NEWLINE))
-                    except Exception as exc:  # a traceml bug: that record only is dropped
-                        if self.bad_record is None:
-                            self.bad_record = f"{type(exc).__name__}: {exc}"
+                    if kind is tuple:  # a step's door events: their replay never raises
+                        item = self.on_event(item)
+                        if item is None:
+                            continue
+                        if type(item) is list:
+                            for each in item:
+                                self._encode(each, chunks)
+                            continue
+                    self._encode(item, chunks)
                 if chunks:
                     _write_all(fd, chunks[0] if len(chunks) == 1 else b"".join(chunks))
             except OSError as exc:
@@ -165,6 +187,16 @@ class RankSink:
                     self.write_ns += time.perf_counter_ns() - start
                 self.writes += 1
         return True
+
+    def _encode(self, item: Any, chunks: list[bytes]) -> None:
+        try:
+            if not isinstance(item, dict):
+                item = item.record()  # a closed step (closed_step): built here, warm
+            chunks.append(_dumps(item, option=_NEWLINE))
+        except Exception as exc:  # a traceml bug: that record only is dropped
+            if self.bad_record is None:
+                self.bad_record = f"{type(exc).__name__}: {exc}"
+            self.halted = True
 
     def _start_flusher(self) -> None:
         thread = threading.Thread(target=self._flush_every_interval, name="traceml-sink")
@@ -197,6 +229,7 @@ class RankSink:
 
     def _fail(self, reason: str, *, locked: bool = False) -> None:
         self.failed = reason
+        self.halted = True
         if locked:
             self._close_quietly()
         else:

@@ -25,6 +25,8 @@ from traceml import schema
 from traceml.capture.closed_step import ClosedStep, Group
 
 NS_PER_MS = 1_000_000
+# RSS (a procfs read, ~7 us, rss_reader) at most this often at a step's end (null between).
+RSS_EVERY_NS = 10_000_000
 
 
 def ns_to_ms(value: int | None) -> float | None:

@@ -49,12 +49,13 @@ from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
 from .lightning_instruments import (
+    END_DOOR,
     FETCH_DOOR,
     H2D_DOOR,
+    ITERATOR_DOOR,
     STEPPED_DOOR,
-    DirectDoors,
     Instruments,
-    direct_doors,
+    event_doors,
     forward_module,
 )
 
@@ -170,6 +171,8 @@ class StepTiming:
         self._time_optimizer_from_backward(trainer)
         self._end_steps_before_module_hook(trainer, pl_module)
         self._install_input_timing(trainer)
+        if self.instruments.one_door and self.session.input_timing is not None:
+            self.session.input_timing.log_events(self.session)
 
     def _time_optimizer_from_backward(self, trainer: Any) -> None:
         """With one-door timing, no ``on_before_optimizer_step`` (Lightning's dispatch of it,
@@ -217,7 +220,7 @@ class StepTiming:
     # telemetry sampler's queue through that door (telemetry.collect, once a second): the
     # sampler's own_cost_ns is no part of traceml_us, so nothing is counted twice.
     @entry_point(
-        "lightning.on_train_batch_end",
+        END_DOOR,
         "Lightning's on_train_batch_end (just before the module's hook, or this callback's)",
         per_step=True,
     )
@@ -245,7 +248,7 @@ class StepTiming:
 
     # -- instrument callbacks (traceml's side of the fetch, transfer, backward, forward) --
 
-    @entry_point("lightning.fetcher_iter", "the training DataLoader iterator being created")
+    @entry_point(ITERATOR_DOOR, "the training DataLoader iterator being created")
     def iterator_created(self, start: int, end: int) -> None:
         self.session.iterator_created(start, end)
 
@@ -282,9 +285,9 @@ class StepTiming:
     def forward_ended(self) -> None:
         self.session.forward_ended()
 
-    def direct_doors(self) -> DirectDoors:
-        """One-door timing's per-step doors, straight into the clock (``direct_doors``)."""
-        return direct_doors(self, self.session.clock)
+    def event_doors(self) -> Any:
+        """One-door timing's event log (``event_doors``)."""
+        return event_doors(self.session)
 
     # -- set-up ----------------------------------------------------------------------------
 

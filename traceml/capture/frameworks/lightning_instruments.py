@@ -44,10 +44,11 @@ from traceml.capture.forward_hooks import (
     wrap_forward,
     wrap_forward_once,
 )
-from traceml.capture.guard import bound_door, declare
+from traceml.capture.guard import declare
 from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
+_logging_fetchers: dict[type, type] = {}
 
 
 def timed_fetcher_class(base: type) -> type:
@@ -81,6 +82,36 @@ def timed_fetcher_class(base: type) -> type:
     return _timed_fetchers[base]
 
 
+def logging_fetcher_class(base: type) -> type:
+    """:func:`timed_fetcher_class` for one-door timing: the fetcher's ``_traceml_observer`` is
+    the session's event log (``step_events``), given the fetch's and the iterator's events."""
+    if base not in _logging_fetchers:
+
+        def __iter__(self):
+            log = self.__dict__.get("_traceml_observer")
+            start = clock_ns()
+            result = super(logging, self).__iter__()
+            if log is not None:
+                log((ITERATOR_DOOR, start, clock_ns()))
+            return result
+
+        def __next__(self):
+            log = self.__dict__.get("_traceml_observer")
+            start = clock_ns()
+            batch = base.__next__(self)  # as timed_fetcher_class's: errors pass through
+            if log is not None:
+                log((FETCH_DOOR, start, clock_ns()))
+            return batch
+
+        logging = type(
+            f"TraceMLTimed{base.__name__}",
+            (base,),
+            {"__iter__": __iter__, "__next__": __next__, "__module__": __name__},
+        )
+        _logging_fetchers[base] = logging
+    return _logging_fetchers[base]
+
+
 def forward_module(pl_module: Any) -> Any | None:
     """The network whose forward is "Forward": RF-DETR's (and many modules') ``self.model``,
     else the LightningModule itself (its forward runs when ``training_step`` calls ``self(x)``)."""
@@ -104,51 +135,35 @@ class InBackward:
         self.depth = 0
 
 
-# The per-step doors that one-door timing binds straight to the clock (direct_doors); the
-# first three are the callback's entry points too, for the other modes.
-FETCH_DOOR, H2D_DOOR, STEPPED_DOOR = (
+# The per-step doors of one-door timing, logged as events (event_doors); the first four are
+# the callback's entry points too, for the other modes.
+FETCH_DOOR, ITERATOR_DOOR, H2D_DOOR, STEPPED_DOOR = (
     "lightning.fetcher_next",
+    "lightning.fetcher_iter",
     "lightning.batch_transferred",
     "lightning.optimizer_stepped",
 )
 FORWARD_DOOR = declare("lightning.forward_timed", "after the traced module's forward (one door)")
 BACKWARD_DOOR = declare("lightning.backward_timed", "after the strategy's backward (one door)")
+END_DOOR = "lightning.on_train_batch_end"
 
 
-def direct_doors(callback: Any, clock: Any) -> DirectDoors:
-    """One-door timing (a single process, no CUDA events, no collectives to place): the
-    per-step doors call the session's ``clock`` straight, each a guarded door of the
-    ``callback``'s (its failure turns tracing off, its time is traceml's cost) without a frame
-    of the callback's or of the session's on the way. The session's state needs no check
-    there: it removes every instrument when it leaves TRACING, and a door still in flight then
-    (a forward that was running) moves a clock that writes nothing more."""
-    return DirectDoors(
-        fetched=bound_door(FETCH_DOOR, callback, clock.fetched, "start, end"),
-        transferred=bound_door(H2D_DOOR, callback, clock.transferred, "start, end"),
-        forward_timed=bound_door(FORWARD_DOOR, callback, clock.forward_timed, "start, end"),
-        backward_timed=bound_door(BACKWARD_DOOR, callback, clock.backward_timed, "start, end"),
-        optimizer_stepped=bound_door(STEPPED_DOOR, callback, clock.optimizer_ended, "now"),
-        iterator_created=callback.iterator_created,
-    )
-
-
-class DirectDoors:
-    """The per-step doors of one-door timing (the callback's ``direct_doors``): each called
-    with the phase's start and end (the wrapper reads the end: the door's own time is not the
-    phase's), straight into the clock."""
-
-    __slots__ = (
-        "backward_timed",
-        "fetched",
-        "forward_timed",
-        "iterator_created",
-        "optimizer_stepped",
-        "transferred",
-    )
-
-    def __init__(self, **doors: Any) -> None:
-        for name, door in doors.items():
-            setattr(self, name, door)
+def event_doors(session: Any) -> Any:
+    """One-door timing (a single process, no CUDA events, no collectives to place): each
+    wrapper logs its phase as an event, ``log((door, start, end))``, one ``deque.append``, and
+    the sink's flusher replays the events into the session's clock (``step_events``). The
+    session's state needs no check here: it removes every instrument when it leaves TRACING,
+    and the replay of an event logged after that writes nothing. Returns the log."""
+    clock = session.clock
+    doors = {
+        FETCH_DOOR: clock.fetched,
+        ITERATOR_DOOR: clock.iterator_created,
+        H2D_DOOR: clock.transferred,
+        FORWARD_DOOR: clock.forward_timed,
+        BACKWARD_DOOR: clock.backward_timed,
+        STEPPED_DOOR: clock.optimizer_ended,
+    }
+    return session.log_events(doors, END_DOOR)
 
 
 class Instruments:
@@ -157,7 +172,7 @@ class Instruments:
     def __init__(self, observer: Any) -> None:
         self.observer = observer
         # What the wrappers call: the observer's guarded methods, or with one-door timing
-        # its DirectDoors.
+        # the session's event log (event_doors).
         self.doors: Any = observer
         self.fetcher: Any = None
         self.one_door = False  # install() timed the transfer, forward and backward by one door
@@ -172,7 +187,7 @@ class Instruments:
         # backward by the backward wrapper's flag (hooks would need the clock's, two doors).
         one_door = self.one_door = wrappable and not observer.needs_start_doors()
         if one_door:
-            self.doors = observer.direct_doors()
+            self.doors = observer.event_doors()
         self.instrument_fetcher(fetcher)
         self._wrap_optimizer_step(trainer.strategy)
         self._wrap_transfer(trainer.strategy)
@@ -184,7 +199,7 @@ class Instruments:
         if module is None:
             return
         if one_door:
-            undo = wrap_forward_once(module, clock_ns, self.doors.forward_timed, inside)
+            undo = wrap_forward_once(module, clock_ns, self.doors, FORWARD_DOOR, inside)
         elif wrappable:
             undo = wrap_forward(module, observer.forward_started, observer.forward_ended)
         else:  # a forward that is not a plain method (a scripted module): hooks, as before
@@ -213,10 +228,11 @@ class Instruments:
             self._restore_fetcher()
         original_class = type(fetcher)
         fetcher._traceml_observer = self.doors
-        fetcher.__class__ = timed_fetcher_class(original_class)
+        make = logging_fetcher_class if self.one_door else timed_fetcher_class
+        timed = fetcher.__class__ = make(original_class)
 
         def restore_fetcher() -> None:
-            if type(fetcher) is _timed_fetchers.get(original_class):
+            if type(fetcher) is timed:
                 fetcher.__class__ = original_class
             fetcher.__dict__.pop("_traceml_observer", None)
 
@@ -228,11 +244,11 @@ class Instruments:
         observer = self.observer
 
         if self.one_door:
-            stepped = self.doors.optimizer_stepped
+            log = self.doors
 
             def timed_optimizer_step(*args: Any, **kwargs: Any) -> Any:
                 result = original_step(*args, **kwargs)  # the user's errors pass through
-                stepped(clock_ns())
+                log((STEPPED_DOOR, clock_ns()))
                 return result
 
         else:
@@ -258,12 +274,12 @@ class Instruments:
                 return result
 
         elif self.one_door:
-            transferred = self.doors.transferred
+            log = self.doors
 
             def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
                 start = clock_ns()
                 result = original_transfer(*args, **kwargs)
-                transferred(start, clock_ns())
+                log((H2D_DOOR, start, clock_ns()))
                 return result
 
         else:
@@ -296,7 +312,7 @@ class Instruments:
         object: nothing to fail) tells the one-door forward that a forward run now is a
         recomputation inside backward (activation checkpointing): Backward, not Forward."""
         original_backward = strategy.backward
-        backward_timed = self.doors.backward_timed
+        log = self.doors
 
         def timed_backward(*args: Any, **kwargs: Any) -> Any:
             if inside.depth:
@@ -307,7 +323,7 @@ class Instruments:
                 return original_backward(*args, **kwargs)  # the user's errors pass through
             finally:
                 inside.depth = 0
-                backward_timed(start, clock_ns())
+                log((BACKWARD_DOOR, start, clock_ns()))
 
         self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
 

@@ -58,8 +58,7 @@ _active: InputTiming | None = None
 
 
 def _forget_parent_counters() -> None:
-    """In a forked child (a DataLoader worker): the counters copied from the parent are the
-    parent's; the child counts in a slot of its own."""
+    """In a forked child (a DataLoader worker): the parent's counters are not the child's."""
     if _active is not None:
         _active.counters = None
 
@@ -107,7 +106,11 @@ def timed_fetcher_class(base: type) -> type:
             timing = _active
             if timing is not None and timing.on:
                 samples = len(possibly_batched_index) if self.auto_collation else 1
-                timing.batch_made(start, collate.started, samples)
+                log = timing.log
+                if log is not None:  # the session's event log (log_events)
+                    log((BATCH_DOOR, start, collate.started, clock_ns(), samples))
+                else:
+                    timing.batch_made(start, collate.started, samples)
             return batch
 
         timed = type(
@@ -205,8 +208,14 @@ def _wrap_get_iterator(loader_class: type) -> Any:
     return restore
 
 
+BATCH_DOOR = "dataloader.batch"
+
+
 class InputTiming:
     """The timing installed on one training DataLoader, and how to take it away again."""
+
+    # num_workers=0 under one-door timing: the session's event log (log_events).
+    log: Any = None
 
     def __init__(
         self,
@@ -312,11 +321,21 @@ class InputTiming:
             counters = self.counters = ProcessCounters(os.getpid(), slot)
         return counters
 
-    @entry_point(
-        "dataloader.batch", "after the traced DataLoader's fetch (items, collate)", per_step=True
-    )
+    def log_events(self, session: Any) -> bool:
+        """``num_workers=0`` under one-door timing: the batch door logs an event that the
+        session's replay counts (:meth:`count`, ``step_events``); False with workers."""
+        if self.num_workers or session.event_log is None:
+            return False
+        session.replay.doors[BATCH_DOOR] = self.count
+        self.log = session.event_log
+        return True
+
+    @entry_point(BATCH_DOOR, "after the traced DataLoader's fetch (items, collate)", per_step=True)
     def batch_made(self, start: int, collate_start: int, samples: int) -> None:
-        end = clock_ns()
+        self.count(start, collate_start, clock_ns(), samples)
+
+    def count(self, start: int, collate_start: int, end: int, samples: int) -> None:
+        """One batch made in this process: its items, its collate, its busy span."""
         counters = self.counters
         if counters is None:
             counters = self._here()

@@ -1,0 +1,220 @@
+"""One-door timing's event log (traceml.capture.step_events), on a real session and rank file.
+
+The events a step's doors log are replayed into the clock on the sink's flusher; these tests
+hold the replay to the clock run inline (the same records, field for field), and check what the
+replay changes: a failure found there turns tracing off at the next step's end, the step limit
+is reached there, and an epoch's end or an exception settles first. (On real Lightning:
+test_attribution.py, test_fault_injection.py, test_rank_file_crash_bound.py.)
+"""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from traceml import console, schema
+from traceml.capture import guard
+from traceml.capture import session as session_module
+from traceml.capture.lifecycle import DISABLED, DONE
+from traceml.capture.session import Session
+from traceml.settings import Settings
+from traceml.step_record import STEP_KEYS
+
+RANK = {
+    schema.RANK: 0,
+    schema.LOCAL_RANK: 0,
+    schema.WORLD_SIZE: 1,
+    schema.NODE_RANK: 0,
+    schema.LOCAL_WORLD_SIZE: 1,
+}
+# Read on the training thread at different moments in the two paths: not compared.
+VARYING = {STEP_KEYS[schema.RSS], STEP_KEYS[schema.TRACEML_COST_US]}
+FETCH, H2D, FORWARD, BACKWARD, STEPPED = "t.fetch", "t.h2d", "t.forward", "t.backward", "t.step"
+
+
+class Ticks:
+    """The session's clock, deterministic: each read a given value."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def ticks(monkeypatch):
+    clock = Ticks()
+    monkeypatch.setattr(session_module, "clock_ns", clock)
+    return clock
+
+
+def started(tmp_path, name: str, events: bool, **settings) -> Session:
+    session = Session(
+        Settings(tmp_path, name, launcher_managed=True, **settings), integration="test"
+    )
+    assert session.open(dict(RANK))
+    session.start(None, {}, origin_ns=0)
+    session.clock.optimizer_from_backward = True  # one-door timing, as Lightning sets it
+    if events:
+        clock = session.clock
+        doors = {
+            FETCH: clock.fetched,
+            H2D: clock.transferred,
+            FORWARD: clock.forward_timed,
+            BACKWARD: clock.backward_timed,
+            STEPPED: clock.optimizer_ended,
+        }
+        session.log_events(doors, "t.end")
+    return session
+
+
+def drive(session: Session, ticks: Ticks, plan: list[tuple], epoch_ends: set[int]) -> None:
+    """Each microbatch of ``plan``: (t0, durations, stepped, global_step). Inline: the clock's
+    methods; with events: the log, as the wrappers call them."""
+    log = session.event_log
+    for index, (t0, (fetch, h2d, forward, backward, optimizer, rest), stepped, step) in enumerate(
+        plan
+    ):
+        t = t0
+        bounds = []
+        for door, duration in (
+            (FETCH, fetch),
+            (H2D, h2d),
+            (FORWARD, forward),
+            (BACKWARD, backward),
+        ):
+            bounds.append((door, t, t + duration))
+            t += duration
+        if stepped:
+            t += optimizer
+            bounds.append((STEPPED, t))
+        for event in bounds:
+            if log is not None:
+                log(event)
+            else:
+                {
+                    FETCH: session.clock.fetched,
+                    H2D: session.clock.transferred,
+                    FORWARD: session.clock.forward_timed,
+                    BACKWARD: session.clock.backward_timed,
+                    STEPPED: session.clock.optimizer_ended,
+                }[event[0]](*event[1:])
+        ticks.now = t + rest
+        session.batch_ended(step, 0)
+        if index in epoch_ends:
+            ticks.now += 7
+            session.epoch_ended(step, 0)
+
+
+def steps_in(session: Session) -> list[dict]:
+    lines = session.recorder.sink.path.read_bytes().splitlines()
+    records = [orjson.loads(line) for line in lines]
+    return [
+        {k: v for k, v in r.items() if k not in VARYING}
+        for r in records
+        if r.get(schema.KIND) == schema.KIND_STEP
+    ]
+
+
+def records_in(session: Session) -> list[dict]:
+    return [orjson.loads(line) for line in session.recorder.sink.path.read_bytes().splitlines()]
+
+
+def plan_of(seed: int, microbatches: int = 60) -> tuple[list[tuple], set[int]]:
+    rng = random.Random(seed)
+    plan, t, step = [], 1_000, 0
+    for _ in range(microbatches):
+        durations = tuple(rng.randrange(1, 5_000_000) for _ in range(6))
+        stepped = rng.random() < 0.7  # gradient accumulation: some microbatches do not step
+        step += stepped
+        plan.append((t, durations, stepped, step))
+        t += sum(durations) + rng.randrange(0, 3_000_000)
+    return plan, {i for i in range(microbatches) if rng.random() < 0.1}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_replayed_events_write_the_records_the_inline_clock_writes(tmp_path, ticks, seed):
+    plan, epoch_ends = plan_of(seed)
+    written = []
+    for events in (False, True):
+        session = started(tmp_path, f"r{seed}{'e' if events else 'i'}", events)
+        drive(session, ticks, plan, epoch_ends)
+        session.train_ended(0)
+        session.close()
+        written.append(steps_in(session))
+    inline, replayed = written
+    assert len(inline) >= 10
+    assert replayed == inline
+
+
+def test_a_failure_found_in_the_replay_turns_tracing_off_at_the_next_step_end(
+    tmp_path, ticks, monkeypatch
+):
+    warnings = []
+    monkeypatch.setattr(console, "warn", lambda message, **_: warnings.append(message))
+    session = started(tmp_path, "fail", True)
+    plan, _ = plan_of(1, microbatches=10)
+    drive(session, ticks, plan[:4], set())
+    session.settle()
+    kept = len(steps_in(session))
+    monkeypatch.setattr(guard, "_inject", FORWARD)
+    drive(session, ticks, plan[4:6], set())
+    session.recorder.flush()  # as the flusher would, between two steps
+    assert session.life.state is not DISABLED  # found on the flusher: acted on at a step's end
+    drive(session, ticks, plan[6:7], set())
+    assert session.life.state is DISABLED
+    assert session.event_log is not None and not session._undo  # the doors came off
+    session.close()
+    assert len(steps_in(session)) == kept
+    assert warnings == [
+        f"tracing disabled: {FORWARD} failed (InjectedFault: fault injected into {FORWARD}); "
+        "training continues untraced"
+    ]
+    records = records_in(session)
+    assert records[-1][schema.STATUS] == schema.STATUS_DISABLED
+    assert any(r.get(schema.CODE) == schema.EVENT_DISABLED for r in records)
+
+
+def test_the_step_limit_is_reached_on_the_flusher_and_the_doors_come_off(tmp_path, ticks):
+    session = started(tmp_path, "limit", True, trace_max_steps=3)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(8)]
+    drive(session, ticks, plan[:5], set())
+    session.recorder.flush()
+    drive(session, ticks, plan[5:6], set())
+    assert session.life.state is DONE
+    drive(session, ticks, plan[6:], set())  # the wrappers are gone in real training
+    session.train_ended(0)
+    session.close()
+    records = records_in(session)
+    assert [r[STEP_KEYS[schema.GLOBAL_STEP]] for r in steps_in(session)] == [1, 2, 3]
+    assert [r.get(schema.CODE) for r in records].count(schema.EVENT_MAX_STEPS) == 1
+    assert records[-1][schema.STEPS] == 3
+
+
+def test_an_exception_settles_the_finished_steps_and_drops_the_open_one(tmp_path, ticks):
+    session = started(tmp_path, "raise", True)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(3)]
+    drive(session, ticks, plan, set())
+    session.event_log((FETCH, 4 * 10**8, 4 * 10**8 + 5))  # the next step's fetch, then a raise
+    session.failed(ValueError("the user's step failed"))
+    records = records_in(session)
+    assert [r[STEP_KEYS[schema.GLOBAL_STEP]] for r in steps_in(session)] == [1, 2, 3]
+    assert records[-1][schema.STATUS] == schema.STATUS_EXCEPTION
+    assert records[-1][schema.STEPS] == 3
+
+
+def test_a_limit_the_replay_reaches_at_the_end_of_training_is_noted(tmp_path, ticks):
+    # The last steps are replayed by the end's settle, not by the flusher: no step's end
+    # follows to act on the limit, so the settle does.
+    session = started(tmp_path, "limit_end", True, trace_max_steps=2)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(4)]
+    drive(session, ticks, plan, set())
+    session.train_ended(0)
+    session.close()
+    records = records_in(session)
+    assert len(steps_in(session)) == 2
+    assert [r.get(schema.CODE) for r in records].count(schema.EVENT_MAX_STEPS) == 1
+    assert records[-1][schema.STATUS] == schema.STATUS_COMPLETED

@@ -1,0 +1,169 @@
+"""One-door timing's door events: logged by the training thread, replayed into the clock later.
+
+Why: on a fast loop each door was a guarded call into the step clock (the guard's frame, the
+clock's method, the step's close, the record's queueing: ~1,000 bytecodes a step on the
+training thread, each door on a cache that the millisecond of torch before it had just
+evicted). Now a door is one tuple and one ``deque.append`` (a C call, no frame of traceml's):
+the phase's name and its timestamps, read by the wrapper around the user's call. The sink's
+flusher replays the events into the same :class:`~traceml.capture.step_clock.StepClock`, in the
+same order, with the same timestamps, ~100 steps in a row on a warm cache; it closes the steps,
+builds their records and writes them. The numbers are those the clock made when it ran inline.
+
+What that changes, stated:
+
+* A failure in the clock's work (a traceml bug) or an injected fault surfaces on the flusher.
+  The replay stops there (the clock's state is no longer trusted) and the next step's end on
+  the training thread, where instruments can be taken away, turns tracing off with one warning
+  naming the door. Steps replayed before it are kept.
+* The step limit (``TRACEML_TRACE_MAX_STEPS``) is reached on the flusher; the doors come off at
+  the next step's end, and steps past the limit are dropped, as before.
+* Whoever needs the clock current (an epoch's end, an exception, the end of training) settles
+  first: :meth:`Session.settle` flushes the queue, which replays every event logged so far.
+* The crash bound is the sink's: a SIGKILL loses the events of the last flush interval.
+
+Only for one-door timing (a single process without CUDA events or collectives to place): where
+a phase's start needs a door (a CUDA event, a collective's phase), the doors call the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from traceml import schema
+from traceml.capture import guard
+from traceml.capture.lifecycle import TRACING
+from traceml.capture.sink import MAX_QUEUED
+from traceml.capture.step_clock import RSS_EVERY_NS
+from traceml.step_record import STEP_KEYS
+
+_RSS_KEY = STEP_KEYS[schema.RSS]
+_COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
+
+
+class EventReplay:
+    """A step's door events: logged on the training thread (:attr:`log`), handed to the sink as
+    one tuple at the step's end, replayed on the flusher (the sink's ``on_event``: a step's
+    events in, None or the step's records out; never raises, the flusher's loop must go on
+    writing what came before)."""
+
+    def __init__(
+        self, session: Any, doors: dict[str, Callable[..., Any]], end_door: str, sink: Any
+    ) -> None:
+        """``doors``: event name -> the clock's method, called with the event's fields;
+        ``end_door``: the step-end event's name (:meth:`Session.batch_ended`'s event);
+        ``sink``: the rank file's (its queue, its ``halted`` flag)."""
+        self.session = session
+        self.doors = {**doors, end_door: self._step_end}
+        self.end_door = end_door
+        self.sink = sink
+        # The open step's events, in order; the doors' log is this list's append.
+        self.pending: list[tuple[Any, ...]] = []
+        self.log = self.pending.append
+        self._queue = sink.replay_with(self)
+        # (door, exception) of the first failure: the replay stops, the session turns off.
+        self.failure: tuple[str, BaseException] | None = None
+        self._acting = False
+
+    # -- the training thread -----------------------------------------------------------------
+
+    def log_end(self, now: int, global_step: Any, epoch: Any) -> None:
+        """The step's end (:meth:`Session.batch_ended`): its event carries what must be read
+        now (RSS, at most every ``RSS_EVERY_NS``; traceml's cost so far), and the step's events
+        go to the sink, whose flusher closes the step."""
+        session = self.session
+        rss = None
+        if session._rss is not None and now - session._rss_at >= RSS_EVERY_NS:
+            session._rss_at = now
+            rss = session._rss()
+        cost = 0
+        for owner in session.cost_owners:
+            cost += owner.own_cost_ns
+        if session.input_timing is not None:  # num_workers=0: its doors run in this process
+            cost += session.input_timing.own_cost_ns
+        pending = self.pending
+        pending.append((self.end_door, now, global_step, epoch, rss, cost))
+        self._queue(tuple(pending))
+        pending.clear()
+        sink = self.sink
+        if sink.halted or sink.queued() >= MAX_QUEUED:
+            self.act()
+
+    def settle(self) -> None:
+        """Every event logged so far replayed, its steps written (:meth:`Session.settle`:
+        an epoch's end, an exception, the end of training), and what that found acted on."""
+        if self.pending:
+            self._queue(tuple(self.pending))
+            self.pending.clear()
+        self.session.recorder.flush()
+        if self.sink.halted and self.session.life.state is TRACING:
+            self.act()
+
+    def act(self) -> None:
+        """At a step's end, once the sink is ``halted`` (or its queue grew past its bound):
+        turn tracing off after a failure, stop at the step limit, or write the queue now when
+        the flusher falls behind. Once at a time: turning tracing off settles again."""
+        if self._acting:
+            return
+        self._acting = True
+        try:
+            session = self.session
+            if self.failure is not None:
+                session._entry_failed(*self.failure)
+                return
+            recorder = session.recorder
+            written = recorder.flush() and recorder.bad_record is None
+            if not written or recorder.limit_reached:
+                session._after_write(recorder, written)
+        finally:
+            self._acting = False
+
+    # -- the flusher -------------------------------------------------------------------------
+
+    def __call__(self, events: tuple[tuple[Any, ...], ...]) -> Any:
+        if self.failure is not None:
+            return None
+        doors = self.doors
+        inject = guard._inject  # TRACEML_FAULT_INJECT: a door raises, as a guarded one would
+        made = event = None
+        try:
+            for event in events:  # the step's end (the last one) makes its records
+                if inject is not None and event[0] == inject:
+                    raise guard.InjectedFault("fault injected into " + inject)
+                made = doors[event[0]](*event[1:])
+        except Exception as exc:
+            self.failure = (event[0] if event else "?", exc)
+            self.sink.halted = True  # the training thread turns tracing off
+            return None
+        return made
+
+    def _step_end(self, now: int, global_step: Any, epoch: Any, rss: Any, cost: int) -> Any:
+        """The session's ``_emit`` for a replayed step's end: the step closed, its RSS and cost
+        fields (read on the training thread, carried by the event), counted, handed back to
+        the sink with the telemetry samples that came in since."""
+        session = self.session
+        if session.life.state is not TRACING:
+            return None  # logged before tracing stopped (a limit, a failure): not written
+        closed = session.clock.batch_closed(now, global_step, epoch)
+        if closed is None:
+            return None
+        extra = closed.extra
+        if rss is not None:
+            extra[_RSS_KEY] = rss
+        extra[_COST_KEY] = ((cost - session._cost_reported_ns + 50) // 100) / 10
+        session._cost_reported_ns = cost
+        recorder = session.recorder
+        steps_before = recorder.steps_written
+        counted = recorder.count_step(closed)
+        if recorder.limit_reached:
+            self.sink.halted = True  # the training thread takes the doors away
+        if not counted:
+            return None
+        telemetry = session.telemetry
+        if telemetry is not None and telemetry.pending:  # about once a second
+            samples = list(telemetry.collect())  # () when it failed (and turned itself off)
+            for sample in samples:
+                sample[schema.AT_STEP] = steps_before
+            samples.append(closed)
+            return samples
+        return closed
