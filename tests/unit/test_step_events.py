@@ -19,6 +19,7 @@ from traceml.capture import guard
 from traceml.capture import session as session_module
 from traceml.capture.lifecycle import DISABLED, DONE
 from traceml.capture.session import Session
+from traceml.capture.step_clock import StepClock
 from traceml.settings import Settings
 from traceml.step_record import STEP_KEYS
 
@@ -32,6 +33,8 @@ RANK = {
 # Read on the training thread at different moments in the two paths: not compared.
 VARYING = {STEP_KEYS[schema.RSS], STEP_KEYS[schema.TRACEML_COST_US]}
 FETCH, H2D, FORWARD, BACKWARD, STEPPED = "t.fetch", "t.h2d", "t.forward", "t.backward", "t.step"
+ITERATOR, SIDE = "t.iterator", "t.side"
+USUAL = (FETCH, H2D, FORWARD, BACKWARD, STEPPED)
 
 
 class Ticks:
@@ -51,7 +54,7 @@ def ticks(monkeypatch):
     return clock
 
 
-def started(tmp_path, name: str, events: bool, **settings) -> Session:
+def started(tmp_path, name: str, events: bool, usual=USUAL, side=None, **settings) -> Session:
     session = Session(
         Settings(tmp_path, name, launcher_managed=True, **settings), integration="test"
     )
@@ -66,8 +69,11 @@ def started(tmp_path, name: str, events: bool, **settings) -> Session:
             FORWARD: clock.forward_timed,
             BACKWARD: clock.backward_timed,
             STEPPED: clock.optimizer_ended,
+            ITERATOR: clock.iterator_created,
         }
-        session.log_events(doors, "t.end")
+        session.log_events(doors, "t.end", usual)
+        if side is not None:  # a door that counts on its own (the DataLoader's batch)
+            session.replay.add_side_door(SIDE, lambda *fields: side.append(fields))
     return session
 
 
@@ -91,6 +97,8 @@ def drive(session: Session, ticks: Ticks, plan: list[tuple], epoch_ends: set[int
         if stepped:
             t += optimizer
             bounds.append((STEPPED, t))
+        if log is not None and session.replay.side_doors:
+            bounds.insert(0, (SIDE, index, t0))  # logged inside the fetch, before its event
         for event in bounds:
             if log is not None:
                 log(event)
@@ -107,6 +115,12 @@ def drive(session: Session, ticks: Ticks, plan: list[tuple], epoch_ends: set[int
         if index in epoch_ends:
             ticks.now += 7
             session.epoch_ended(step, 0)
+            # The next epoch's iterator: its wait is the next step's Input Wait.
+            start, end = ticks.now + 1, ticks.now + 5_000
+            if log is not None:
+                log((ITERATOR, start, end))
+            else:
+                session.clock.iterator_created(start, end)
 
 
 def steps_in(session: Session) -> list[dict]:
@@ -135,12 +149,20 @@ def plan_of(seed: int, microbatches: int = 60) -> tuple[list[tuple], set[int]]:
     return plan, {i for i in range(microbatches) if rng.random() < 0.1}
 
 
+@pytest.mark.parametrize("usual", [USUAL, None], ids=["usual_step", "event_by_event"])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_replayed_events_write_the_records_the_inline_clock_writes(tmp_path, ticks, seed):
+def test_the_replayed_events_write_the_records_the_inline_clock_writes(
+    tmp_path, ticks, seed, usual, monkeypatch
+):
+    # usual_step: most single-microbatch steps take StepClock.usual_step (one call); the
+    # others (accumulation, an epoch's first step, side events) go event by event.
+    calls = []
+    real = StepClock.usual_step
+    monkeypatch.setattr(StepClock, "usual_step", lambda *a: calls.append(real(*a)) or calls[-1])
     plan, epoch_ends = plan_of(seed)
-    written = []
+    written, side = [], []
     for events in (False, True):
-        session = started(tmp_path, f"r{seed}{'e' if events else 'i'}", events)
+        session = started(tmp_path, f"r{seed}{'e' if events else 'i'}", events, usual, side)
         drive(session, ticks, plan, epoch_ends)
         session.train_ended(0)
         session.close()
@@ -148,6 +170,10 @@ def test_the_replayed_events_write_the_records_the_inline_clock_writes(tmp_path,
     inline, replayed = written
     assert len(inline) >= 10
     assert replayed == inline
+    assert side == [(index, plan[index][0]) for index in range(len(plan))]  # each once, in order
+    taken = [c for c in calls if c is not None]
+    assert (len(taken) >= 5) if usual else not calls
+    assert len(taken) < len(inline)  # and the others event by event
 
 
 def test_a_failure_found_in_the_replay_turns_tracing_off_at_the_next_step_end(

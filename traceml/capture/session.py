@@ -115,12 +115,12 @@ class Session:
     def add_undo(self, undo: Undo) -> None:
         self._undo.append(undo)
 
-    def log_events(self, doors: dict[str, Any], end_door: str) -> Any:
-        """One-door timing's log (``step_events``), a ``list.append`` of ``(name, *fields)``;
-        ``doors``: event name -> the clock's method; ``end_door``: :meth:`batch_ended`'s."""
+    def log_events(self, doors: dict[str, Any], end_door: str, usual: Any = None) -> Any:
+        """One-door timing's log (``step_events.EventReplay``: the arguments), a ``list.append``
+        of ``(name, *fields)``, ``end_door``'s event logged by :meth:`batch_ended`."""
         from traceml.capture.step_events import EventReplay
 
-        self.replay = EventReplay(self, doors, end_door, self.recorder.sink)
+        self.replay = EventReplay(self, doors, end_door, self.recorder.sink, usual)
         self.event_log = self.replay.log
         return self.event_log
 

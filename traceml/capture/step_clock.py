@@ -263,6 +263,41 @@ class StepClock:
         group.optimizer_ns = (group.optimizer_ns or 0) + window
         return self._close(now_ns, True, global_step, epoch)
 
+    def usual_step(
+        self,
+        fetch: tuple[Any, int, int],
+        h2d: tuple[Any, int, int],
+        forward: tuple[Any, int, int],
+        backward: tuple[Any, int, int],
+        stepped: tuple[Any, int],
+        now_ns: int,
+        global_step: int | None,
+        epoch: int | None,
+    ) -> ClosedStep | None:
+        """The usual one-door microbatch in one call: ``fetched``, ``transferred``,
+        ``forward_timed``, ``backward_timed``, ``optimizer_ended`` and :meth:`batch_closed`,
+        each phase an event ``(name, start, end)`` (the optimizer's ``(name, end)``), the same
+        arithmetic on the same integers (a unit test holds the two equal). None where the
+        clock is not between steps (an open group, an epoch's iterator to count, not
+        ``optimizer_from_backward``): the caller makes the calls one by one."""
+        if (
+            self._group is not None
+            or self._micro is not None
+            or self._pending_iter is not None
+            or not self.optimizer_from_backward
+        ):
+            return None
+        group = self._group = Group(fetch[1])
+        group.input_ns = fetch[2] - fetch[1]
+        group.h2d_ns = h2d[2] - h2d[1]
+        group.forward_ns = forward[2] - forward[1]
+        backward_end = backward[2]
+        group.backward_ns = backward_end - backward[1]
+        group.microbatches = 1
+        window = stepped[1] - backward_end  # the window opened at the backward's end
+        group.optimizer_ns = window if window > 0 else 0
+        return self._close(now_ns, True, global_step, epoch)
+
     def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None
     ) -> ClosedStep | None:

@@ -39,6 +39,7 @@ from traceml.step_record import STEP_KEYS
 
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
+_NOT_USUAL = object()  # EventReplay._usual: not the usual step, replay it event by event
 
 
 class EventReplay:
@@ -48,14 +49,25 @@ class EventReplay:
     writing what came before)."""
 
     def __init__(
-        self, session: Any, doors: dict[str, Callable[..., Any]], end_door: str, sink: Any
+        self,
+        session: Any,
+        doors: dict[str, Callable[..., Any]],
+        end_door: str,
+        sink: Any,
+        usual: tuple[str, ...] | None = None,
     ) -> None:
         """``doors``: event name -> the clock's method, called with the event's fields;
         ``end_door``: the step-end event's name (:meth:`Session.batch_ended`'s event);
-        ``sink``: the rank file's (its queue, its ``halted`` flag)."""
+        ``sink``: the rank file's (its queue, its ``halted`` flag); ``usual``: the names of
+        the usual microbatch's five events (fetch, transfer, forward, backward, optimizer
+        step), which the clock replays in one call (``StepClock.usual_step``)."""
         self.session = session
         self.doors = {**doors, end_door: self._step_end}
         self.end_door = end_door
+        self.usual = usual
+        self._usual_names = None if usual is None else (*usual, end_door)
+        # Doors that count on their own and never touch the clock (the DataLoader's batch).
+        self.side_doors: set[str] = set()
         self.sink = sink
         # The open step's events, in order; the doors' log is this list's append.
         self.pending: list[tuple[Any, ...]] = []
@@ -120,6 +132,12 @@ class EventReplay:
 
     # -- the flusher -------------------------------------------------------------------------
 
+    def add_side_door(self, name: str, count: Callable[..., Any]) -> None:
+        """A door whose events ``count`` takes (never the clock: the usual step's one call
+        may replay it before the clock's events)."""
+        self.doors[name] = count
+        self.side_doors.add(name)
+
     def __call__(self, events: tuple[tuple[Any, ...], ...]) -> Any:
         if self.failure is not None:
             return None
@@ -127,6 +145,11 @@ class EventReplay:
         inject = guard._inject  # TRACEML_FAULT_INJECT: a door raises, as a guarded one would
         made = event = None
         try:
+            if inject is None and len(events) >= 6 and self.usual is not None:
+                event = events[-1]  # a failure there is named after the step's end
+                made = self._usual(events)
+                if made is not _NOT_USUAL:
+                    return made
             for event in events:  # the step's end (the last one) makes its records
                 if inject is not None and event[0] == inject:
                     raise guard.InjectedFault("fault injected into " + inject)
@@ -136,6 +159,31 @@ class EventReplay:
             self.sink.halted = True  # the training thread turns tracing off
             return None
         return made
+
+    def _usual(self, events: tuple[tuple[Any, ...], ...]) -> Any:
+        """The usual microbatch: its five clock events and the step's end, after side doors'
+        events only, in one clock call; ``_NOT_USUAL`` for anything else."""
+        first = len(events) - 6
+        fetch, h2d, forward, backward, stepped, end = events[first:]
+        if (fetch[0], h2d[0], forward[0], backward[0], stepped[0], end[0]) != self._usual_names:
+            return _NOT_USUAL
+        side = events[:first]
+        for event in side:
+            if event[0] not in self.side_doors:
+                return _NOT_USUAL
+        session = self.session
+        if session.life.state is not TRACING:
+            return None  # logged before tracing stopped (a limit, a failure): not written
+        _, now, global_step, epoch, rss, cost = end
+        closed = session.clock.usual_step(
+            fetch, h2d, forward, backward, stepped, now, global_step, epoch
+        )
+        if closed is None:  # the clock is not between steps
+            return _NOT_USUAL
+        doors = self.doors
+        for event in side:
+            doors[event[0]](*event[1:])
+        return self._written(closed, rss, cost)
 
     def _step_end(self, now: int, global_step: Any, epoch: Any, rss: Any, cost: int) -> Any:
         """The session's ``_emit`` for a replayed step's end: the step closed, its RSS and cost
@@ -147,6 +195,10 @@ class EventReplay:
         closed = session.clock.batch_closed(now, global_step, epoch)
         if closed is None:
             return None
+        return self._written(closed, rss, cost)
+
+    def _written(self, closed: Any, rss: Any, cost: int) -> Any:
+        session = self.session
         extra = closed.extra
         if rss is not None:
             extra[_RSS_KEY] = rss

@@ -163,7 +163,8 @@ def event_doors(session: Any) -> Any:
         BACKWARD_DOOR: clock.backward_timed,
         STEPPED_DOOR: clock.optimizer_ended,
     }
-    return session.log_events(doors, END_DOOR)
+    usual = (FETCH_DOOR, H2D_DOOR, FORWARD_DOOR, BACKWARD_DOOR, STEPPED_DOOR)
+    return session.log_events(doors, END_DOOR, usual)
 
 
 class Instruments:

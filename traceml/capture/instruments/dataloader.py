@@ -326,7 +326,7 @@ class InputTiming:
         session's replay counts (:meth:`count`, ``step_events``); False with workers."""
         if self.num_workers or session.event_log is None:
             return False
-        session.replay.doors[BATCH_DOOR] = self.count
+        session.replay.add_side_door(BATCH_DOOR, self.count)
         self.log = session.event_log
         return True
 
