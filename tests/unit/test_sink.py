@@ -218,3 +218,39 @@ def test_a_closed_step_that_cannot_be_built_is_dropped_alone(tmp_path, capsys):
     sink.close()
     assert [r["kind"] for r in lines_of(path)] == ["header", "step"]
     assert capsys.readouterr().err == ""
+
+
+def test_a_steps_door_events_are_replayed_in_file_order_and_a_failure_halts(tmp_path):
+    # replay_with: a tuple queued is a step's door events; on_event turns it into nothing, a
+    # record, or several, written where the tuple stood among the other records.
+    seen = []
+
+    def on_event(events):
+        seen.append(events)
+        if events[0] == "none":
+            return None
+        if events[0] == "many":
+            return [{"kind": "sample", "n": 1}, {"kind": "step", "n": 2}]
+        return {"kind": "step", "n": events[1]}
+
+    sink = RankSink(tmp_path / "rank_0.jsonl", flush_interval_s=60)
+    sink.open()
+    queue = sink.replay_with(on_event)
+    queue.append(("one", 7))
+    sink.append({"kind": "sample", "n": 0})
+    queue.append(("none",))
+    queue.append(("many",))
+    assert len(queue) == 4 and not seen  # nothing replayed before a flush
+    assert sink.write({"kind": "event"})
+    assert [(r["kind"], r.get("n")) for r in lines_of(tmp_path / "rank_0.jsonl")] == [
+        ("step", 7),
+        ("sample", 0),
+        ("sample", 1),
+        ("step", 2),
+        ("event", None),
+    ]
+    assert seen == [("one", 7), ("none",), ("many",)] and not sink.halted
+    queue.append(("many",))
+    sink._fail("disk gone")
+    assert sink.halted and len(queue) == 0  # the owner acts at its next step's end
+    sink.close()

@@ -118,18 +118,14 @@ class RankSink:
         return self._fd is not None and self.bad_record is None
 
     def replay_with(self, on_event: Any) -> Any:
-        """The queue's ``append``, for a step's door events: a tuple of them that the flusher
-        hands to ``on_event`` in file order, which returns None, a record (a dict or a closed
-        step) or a list of them. Whoever queues must bound the queue (``MAX_QUEUED``, then
-        :meth:`flush`): this is a bare ``deque.append``."""
+        """The queue itself, for a step's door events: a tuple of them, appended, that the
+        flusher hands to ``on_event`` in file order, which returns None, a record (a dict or a
+        closed step) or a list of them. Whoever appends must bound the queue (``MAX_QUEUED``,
+        then :meth:`flush`): a bare ``deque.append`` and ``len``, one C call each."""
         self.on_event = on_event
         if self._flusher is None and self._fd is not None:
             self._start_flusher()
-        return self._queue.append
-
-    def queued(self) -> int:
-        """How many items wait in the queue (records, lines, door events)."""
-        return len(self._queue)
+        return self._queue
 
     def write(self, record: dict[str, Any]) -> bool:
         """Write one record now, after everything queued (headers, events, footers).

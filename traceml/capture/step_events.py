@@ -72,7 +72,8 @@ class EventReplay:
         # The open step's events, in order; the doors' log is this list's append.
         self.pending: list[tuple[Any, ...]] = []
         self.log = self.pending.append
-        self._queue = sink.replay_with(self)
+        queue = sink.replay_with(self)
+        self._queue, self._queued = queue.append, queue.__len__
         # (door, exception) of the first failure: the replay stops, the session turns off.
         self.failure: tuple[str, BaseException] | None = None
         self._acting = False
@@ -98,7 +99,7 @@ class EventReplay:
         self._queue(tuple(pending))
         pending.clear()
         sink = self.sink
-        if sink.halted or sink.queued() >= MAX_QUEUED:
+        if sink.halted or self._queued() >= MAX_QUEUED:
             self.act()
 
     def settle(self) -> None:
