@@ -37,9 +37,12 @@ def _guard() -> None:
 
 
 def _write() -> None:
-    """Step records and samples neither encoded nor written (headers and footers still are)."""
+    """Step records and samples neither encoded nor written (headers and footers still are).
+    With one-door timing the steps reach the sink as door events, replayed on the flusher
+    (``step_events``): the replay still runs, what it makes is dropped unencoded."""
     sink = importlib.import_module("traceml.capture.sink")
     sink.RankSink.append = lambda self, record: self._fd is not None
+    sink.RankSink._encode = lambda self, item, chunks: None
 
 
 def _record() -> None:
@@ -139,7 +142,8 @@ def _door_times() -> None:
 
 
 def _floor() -> None:
-    """DOOR_FLOOR=1 (with DOOR_TIMES): what the doors cost with nothing behind them. The
+    """DOOR_FLOOR=1 (with DOOR_TIMES): what the doors cost with nothing behind them (written
+    for the session-method doors before stop 40's door events, which have no method). The
     session's per-batch methods become one list append of the time (no clock, no record, no
     write: the run records no steps), so each door's own time is the guard, the callback's
     frame, Lightning's arguments and one append: the floor of any clock behind these doors."""

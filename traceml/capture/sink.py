@@ -9,7 +9,9 @@ not per step: between two steps the training evicts orjson's code from the CPU c
 ``orjson.dumps`` in the training loop measured 9-18 us (first call) against ~1 us for the next
 ones; the flusher encodes ~100 records in a row. Headers, events and footers (``write``) go out
 at once, after everything queued before them. A queued record must not change afterwards (the
-session hands over records it has finished with).
+session hands over records it has finished with). With one-door timing a step arrives as its
+door events (a tuple, :meth:`RankSink.replay_with`), which the flusher replays into records
+where the tuple stood (``step_events``).
 
 The crash guarantee, stated honestly: a rank killed with SIGKILL (or by the OOM killer, or a
 signal whose default action ends the process) loses at most the records queued in the last
