@@ -244,3 +244,41 @@ def test_a_limit_the_replay_reaches_at_the_end_of_training_is_noted(tmp_path, ti
     assert len(steps_in(session)) == 2
     assert [r.get(schema.CODE) for r in records].count(schema.EVENT_MAX_STEPS) == 1
     assert records[-1][schema.STATUS] == schema.STATUS_COMPLETED
+
+
+def test_an_epoch_end_that_finds_a_failure_writes_nothing_after_it(tmp_path, ticks, monkeypatch):
+    monkeypatch.setattr(console, "warn", lambda message, **_: None)
+    session = started(tmp_path, "epoch_fail", True)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), i != 2, i + 1) for i in range(4)]
+    drive(session, ticks, plan[:2], set())
+    session.settle()  # those two replayed and written
+    monkeypatch.setattr(guard, "_inject", STEPPED)
+    # Accumulation: a microbatch that does not step (replayed: one in the open group), then
+    # one whose optimizer step is the fault; it lies in the queue, not yet replayed.
+    drive(session, ticks, plan[2:], set())
+    session.epoch_ended(3, 0)  # its settle finds it: no step, no input record after it
+    assert session.life.state is DISABLED
+    session.close()
+    kinds = [r.get(schema.KIND) for r in records_in(session)]
+    disabled_at = next(
+        i for i, r in enumerate(records_in(session)) if r.get(schema.CODE) == schema.EVENT_DISABLED
+    )
+    assert schema.KIND_STEP not in kinds[disabled_at:]
+    assert len(steps_in(session)) == 2
+
+
+def test_a_microbatch_that_does_not_step_hands_its_rss_reading_to_the_step(tmp_path, ticks):
+    session = started(tmp_path, "rss", True)
+    readings = iter(range(1, 100))
+    session._rss = lambda: next(readings)
+    # Accumulation of two: the first microbatch's end is 10 ms after the last reading (read),
+    # the stepping one's only 1 ms later (not read): the step carries the first's reading.
+    plan = [
+        (20 * 10**6, (10, 10, 10, 10, 10, 10), False, 0),
+        (20 * 10**6 + 1_000_000, (10, 10, 10, 10, 10, 10), True, 1),
+    ]
+    drive(session, ticks, plan, set())
+    session.train_ended(0)
+    session.close()
+    (step,) = [r for r in records_in(session) if r.get(schema.KIND) == schema.KIND_STEP]
+    assert step[STEP_KEYS[schema.RSS]] == 1 and step[STEP_KEYS[schema.MICROBATCHES]] == 2

@@ -116,8 +116,7 @@ class Session:
         self._undo.append(undo)
 
     def log_events(self, doors: dict[str, Any], end_door: str, usual: Any = None) -> Any:
-        """One-door timing's log (``step_events.EventReplay``: the arguments), a ``list.append``
-        of ``(name, *fields)``, ``end_door``'s event logged by :meth:`batch_ended`."""
+        """One-door timing's event log, ``list.append`` of ``(name, *fields)`` (step_events)."""
         from traceml.capture.step_events import EventReplay
 
         self.replay = EventReplay(self, doors, end_door, self.recorder.sink, usual)
@@ -226,7 +225,8 @@ class Session:
     def epoch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """Flush microbatches that never reached an optimizer step; the epoch's input record."""
         if self.life.state is TRACING:
-            self.settle()
+            self.settle()  # which may find a failure or the step limit: tracing stopped
+        if self.life.state is TRACING:
             now = clock_ns()
             closed = self.clock.epoch_closed(now, global_step, epoch)
             if closed is not None:

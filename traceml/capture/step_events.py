@@ -77,6 +77,7 @@ class EventReplay:
         # (door, exception) of the first failure: the replay stops, the session turns off.
         self.failure: tuple[str, BaseException] | None = None
         self._acting = False
+        self._carried_rss: Any = None  # read at a microbatch's end that closed no step
 
     # -- the training thread -----------------------------------------------------------------
 
@@ -96,8 +97,9 @@ class EventReplay:
             cost += session.input_timing.own_cost_ns
         pending = self.pending
         pending.append((self.end_door, now, global_step, epoch, rss, cost))
-        self._queue(tuple(pending))
-        pending.clear()
+        events = tuple(pending)
+        pending.clear()  # before queueing: an interrupt between the two loses, never doubles
+        self._queue(events)
         sink = self.sink
         if sink.halted or self._queued() >= MAX_QUEUED:
             self.act()
@@ -106,8 +108,9 @@ class EventReplay:
         """Every event logged so far replayed, its steps written (:meth:`Session.settle`:
         an epoch's end, an exception, the end of training), and what that found acted on."""
         if self.pending:
-            self._queue(tuple(self.pending))
+            events = tuple(self.pending)
             self.pending.clear()
+            self._queue(events)
         self.session.recorder.flush()
         if self.sink.halted and self.session.life.state is TRACING:
             self.act()
@@ -194,13 +197,19 @@ class EventReplay:
         if session.life.state is not TRACING:
             return None  # logged before tracing stopped (a limit, a failure): not written
         closed = session.clock.batch_closed(now, global_step, epoch)
-        if closed is None:
+        if closed is None:  # a microbatch that did not step: its RSS goes to the step's record
+            if rss is not None:
+                self._carried_rss = rss
             return None
         return self._written(closed, rss, cost)
 
     def _written(self, closed: Any, rss: Any, cost: int) -> Any:
         session = self.session
         extra = closed.extra
+        if rss is None:
+            rss, self._carried_rss = self._carried_rss, None
+        else:
+            self._carried_rss = None
         if rss is not None:
             extra[_RSS_KEY] = rss
         extra[_COST_KEY] = ((cost - session._cost_reported_ns + 50) // 100) / 10
