@@ -248,9 +248,9 @@ def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
             return
         if CLOCK["field"] in SIMULATED:
             to_us(per_batch, native_plain_us(work, workload))
-            own_us = own_cost_us(work / "logs", "native*")
+            own_us = own_cost_us(work / "logs", "native*", per_run=statistics.fmean)
         else:
-            own_us = own_cost_us(work / "logs", "*-traced")
+            own_us = own_cost_us(work / "logs", "*-traced", per_run=statistics.fmean)
     print_budget(per_batch, own_us, rounds, batches)
 
 
@@ -304,7 +304,7 @@ def print_budget(per_batch: dict[str, list[float]], own_us: float, rounds: int, 
         print(f"  {'rest: fetch + hooks':<22}{rest:>19.1f} us{100 * rest / total:>7.0f}%")
     print(f"  {'total (traced - plain)':<22}{total:>19.1f} us")
     print(
-        f"  traceml_us in the records: {own_us:.1f} us per step "
+        f"  traceml_us in the records (mean step): {own_us:.1f} us per step "
         f"({100 * own_us / total:.0f}% of the side-by-side total)"
     )
     print(f"SUMMARY budget: stress {total:.1f} us/step added; traceml_us {own_us:.1f}")

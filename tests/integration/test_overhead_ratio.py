@@ -3,31 +3,28 @@
 A ratio measured side by side in this one test, never an absolute time: plain and traced runs
 of the tiny Lightning script alternate (order flipped every round), each timing only
 Lightning's per-batch loop body (``scripts/loop_timer.py``) by the batches' 25th-percentile
-wall time (batches slowed by other work on a shared runner lie above it), and the median of
-the rounds' traced/plain must stay under ``1 + 2 * BUDGET_RATIO``. The budget is 30 us added
-to the stress loop's ~650 us step (docs/overhead.md); both are Python-bound, so the ratio
-carries over to faster or slower machines where microseconds would not.
-``benchmarks/overhead.py --budget`` says which door went over. While the target is missed the
-test reports an expected failure with the measured ratio, and fails outright when even its
-least disturbed round is above ``REGRESSION_FACTOR`` budgets.
+wall time (batches slowed by other work on a shared runner lie above it). The ratio is the
+least disturbed traced run's over the least disturbed plain run's (load on a shared runner only
+ever adds time, to either variant; a real regression raises every traced run), and it must stay
+under ``1 + 2 * BUDGET_RATIO``. The budget is 30 us added to the stress loop's ~650 us step
+(docs/overhead.md); both are Python-bound, so the ratio carries over to faster or slower
+machines where microseconds would not. A ratio above the bar is measured again with more rounds
+before the test fails (a burst of load on the runner is not a regression).
+``benchmarks/overhead.py --budget`` says which door went over.
 """
 
 from __future__ import annotations
 
 import statistics
 
-import pytest
-
 from procs import FIGURES, PYTHON, TINY, clean_env, run
 
 BUDGET_US_PER_STEP = 30.0
 STRESS_STEP_US = 650.0  # the plain stress loop per batch (benchmarks/results/overhead.txt)
 BUDGET_RATIO = BUDGET_US_PER_STEP / STRESS_STEP_US
-# Where the target is still missed (docs/overhead.md says by how much), the test reports it
-# as an expected failure, and fails outright above this many budgets (ratio 1.37, ~240 us):
-# on this project's loaded 2-core machine the least disturbed of 5 rounds measured 1.26.
-REGRESSION_FACTOR = 8
+BAR = 1 + 2 * BUDGET_RATIO
 ROUNDS = 3
+MORE_ROUNDS = 3  # when the first rounds read above the bar
 BATCHES = 2000
 
 
@@ -48,21 +45,27 @@ def loop_seconds(tmp_path, traced: bool, index: int) -> float:
     return float(fields["p25_seconds"])
 
 
-def test_added_cost_per_step_is_within_twice_the_budget(tmp_path):
-    ratios = []
-    for index in range(ROUNDS):
+def measure(tmp_path, runs: dict[bool, list[float]], rounds: int) -> float:
+    """``rounds`` more alternating rounds (order flipped each round) into ``runs``; the ratio
+    of the least disturbed runs so far."""
+    for _ in range(rounds):
+        index = len(runs[True])
         order = [False, True] if index % 2 == 0 else [True, False]
-        seconds = {traced: loop_seconds(tmp_path, traced, index) for traced in order}
-        ratios.append(seconds[True] / seconds[False])
-    ratio = statistics.median(ratios)
+        for traced in order:
+            runs[traced].append(loop_seconds(tmp_path, traced, index))
+    return min(runs[True]) / min(runs[False])
+
+
+def test_added_cost_per_step_is_within_twice_the_budget(tmp_path):
+    runs: dict[bool, list[float]] = {False: [], True: []}
+    ratio = measure(tmp_path, runs, ROUNDS)
+    if ratio > BAR:
+        ratio = measure(tmp_path, runs, MORE_ROUNDS)
+    paired = statistics.median(t / p for t, p in zip(runs[True], runs[False], strict=True))
     measured = (
         f"traced/plain {ratio:.3f} on the stress loop (~{(ratio - 1) * STRESS_STEP_US:.0f} us "
-        f"per step on a {STRESS_STEP_US:.0f} us step; budget {BUDGET_US_PER_STEP:.0f} us); "
-        f"rounds {[round(r, 3) for r in ratios]}"
+        f"per step on a {STRESS_STEP_US:.0f} us step; budget {BUDGET_US_PER_STEP:.0f} us, bar "
+        f"{BAR:.3f}); {len(runs[True])} rounds, median of the rounds' ratios {paired:.3f}"
     )
     FIGURES.append(f"overhead ratio (issue 23): {measured}")
-    # A hard ceiling while the target is missed, on the least disturbed round (load on a
-    # shared runner only ever adds; a real regression raises every round).
-    assert min(ratios) <= 1 + REGRESSION_FACTOR * BUDGET_RATIO, measured
-    if ratio > 1 + 2 * BUDGET_RATIO:
-        pytest.xfail(f"above twice the budget (docs/overhead.md, issue 23): {measured}")
+    assert ratio <= BAR, f"above twice the budget (docs/overhead.md, issue 23): {measured}"

@@ -62,3 +62,55 @@ def test_a_raising_backward_passes_through_and_leaves_nothing_open(one_door):
     assert strategy.backward("loss") == "loss"
     instruments.remove()
     assert "backward" not in vars(strategy)
+
+
+class Fetcher:
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def __iter__(self):
+        self.position = 0
+        return self
+
+    def __next__(self):
+        if self.position == len(self.batches):
+            raise StopIteration
+        self.position += 1
+        return self.batches[self.position - 1]
+
+
+class FetchObserver:
+    """The callback's two fetcher doors, recording what reaches them."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def fetched(self, start: int, end: int) -> None:
+        self.calls.append(("fetched", end >= start))
+
+    def iterator_created(self, start: int, end: int) -> None:
+        self.calls.append(("iterator", end >= start))
+
+
+@pytest.mark.parametrize("one_door", [True, False])
+def test_one_timed_fetcher_class_serves_the_event_log_and_the_guarded_doors(one_door):
+    from traceml.capture.frameworks import lightning_instruments as li
+
+    observer, logged = FetchObserver(), []
+    instruments = Instruments(observer)
+    instruments.one_door = one_door
+    instruments.doors = logged.append if one_door else observer
+    fetcher = Fetcher(["a", "b"])
+    instruments.instrument_fetcher(fetcher)
+    assert type(fetcher) is li.timed_fetcher_class(Fetcher)
+    assert type(fetcher).__name__ == "TraceMLTimedFetcher"
+    assert list(fetcher) == ["a", "b"]  # StopIteration passes through, not logged
+    if one_door:
+        assert [event[0] for event in logged] == [li.ITERATOR_DOOR, li.FETCH_DOOR, li.FETCH_DOOR]
+        assert all(len(event) == 3 and event[2] >= event[1] for event in logged)
+        assert observer.calls == []
+    else:
+        assert observer.calls == [("iterator", True), ("fetched", True), ("fetched", True)]
+        assert logged == []
+    instruments.remove()
+    assert type(fetcher) is Fetcher and "_traceml_observer" not in vars(fetcher)

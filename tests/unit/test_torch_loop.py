@@ -117,3 +117,16 @@ def test_a_second_optimizer_does_not_end_steps(capture):
     capture.optimizer_ended(second)
     assert capture.steps == 1
     assert ("note", "several optimizers s") in capture.session.calls
+
+
+def test_the_trainer_callbacks_time_is_counted_as_the_captures(capture):
+    """``traceml_us`` sums the session's cost owners, the capture among them: the Hugging Face
+    callback's events (guarded entry points) add their time to the capture's count."""
+    from traceml.capture.frameworks.hf_trainer import StepEvents
+
+    events = StepEvents(capture)
+    before = capture.own_cost_ns
+    events.on_pre_optimizer_step(None, None, None)
+    assert ("optimizer_started",) in capture.session.calls
+    assert capture.own_cost_ns > before
+    assert "own_cost_ns" not in vars(events)

@@ -23,7 +23,7 @@ from traceml import console, schema
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
 from traceml.capture.recorder import RankRecorder
-from traceml.capture.session_exit import drain_device, finish_at_exit
+from traceml.capture.session_exit import drain_device, finish_at_exit, finish_file
 from traceml.capture.session_parts import (
     CommTiming,
     CostOwner,
@@ -66,7 +66,8 @@ class Session:
         self.device: Any = None
         self.header_extra: dict[str, Any] = {}
         self.own_cost_ns = 0
-        self.cost_owners: list[CostOwner] = [self]  # adapters whose entry points cost time
+        # Whatever's entry points cost time here: adapters, comm and input timing (cost_ns).
+        self.cost_owners: list[CostOwner] = [self]
         self._cost_reported_ns = 0
         self._clock_origin_unix = time.time()
         self._rss: Any = None
@@ -110,6 +111,7 @@ class Session:
 
     def use_input_timing(self, timing: InputTimingSource) -> None:
         self.input_timing = timing
+        self.cost_owners.append(timing)  # num_workers=0: its doors run in this process
         self.add_undo(timing.uninstall)
 
     def add_undo(self, undo: Undo) -> None:
@@ -256,20 +258,10 @@ class Session:
         if self.telemetry is not None and self.telemetry.pending:  # about once a second
             self.recorder.samples(self.telemetry.collect())
         extra = closed.extra
-        # RSS (a procfs read, ~7 us): at most every RSS_EVERY_NS on short steps (null between).
-        if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
-            self._rss_at = now
-            extra[_RSS_KEY] = self._rss()
-        cost = 0
-        for owner in self.cost_owners:
-            cost += owner.own_cost_ns
-        if self.comm is not None:
-            cost += self.comm.own_cost_ns
-        if self.input_timing is not None:  # num_workers=0: its doors run in this process
-            cost += self.input_timing.own_cost_ns
-        # Integer tenths of a us: round() runs dtoa, evicted from the caches by every step
-        extra[_COST_KEY] = ((cost - self._cost_reported_ns + 50) // 100) / 10
-        self._cost_reported_ns = cost
+        rss = self.rss_due(now)
+        if rss is not None:
+            extra[_RSS_KEY] = rss
+        extra[_COST_KEY] = self.cost_field(self.cost_ns())
         if self.gpu is not None:
             record = closed.record()
             self.gpu.step_ended(record)
@@ -280,6 +272,27 @@ class Session:
             written = recorder.step(closed)
             if not written or recorder.limit_reached:
                 self._after_write(recorder, written)
+
+    def rss_due(self, now: int) -> int | None:
+        """RSS (a procfs read, ~7 us) at most every RSS_EVERY_NS on short steps (None between)."""
+        if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
+            self._rss_at = now
+            return self._rss()
+        return None
+
+    def cost_ns(self) -> int:
+        """traceml's own time so far, every cost owner's entry points together."""
+        cost = 0
+        for owner in self.cost_owners:
+            cost += owner.own_cost_ns
+        return cost
+
+    def cost_field(self, cost: int) -> float:
+        """A step's ``traceml_us``: the cost since the previous step's, in tenths of a us
+        (integer arithmetic: round() runs dtoa, evicted from the caches by every step)."""
+        field = ((cost - self._cost_reported_ns + 50) // 100) / 10
+        self._cost_reported_ns = cost
+        return field
 
     def _write_step(self, record: Any) -> None:
         recorder = self.recorder
@@ -346,25 +359,7 @@ class Session:
 
     def finish(self) -> None:
         """Write the footer and close the rank file (once)."""
-        if self.recorder is None or self.recorder.footer_written:
-            return
-        if not self.recorder.header_written:
-            self.write_header(timing="host")
-        for last_words in self.before_finish:
-            with suppress(Exception):
-                last_words()
-        # Flushed first: the queued steps' records made, their overlaps counted, a bad one known.
-        if self.recorder.flush() and self.recorder.bad_record is not None:
-            self.disable(f"a step record could not be made ({self.recorder.bad_record})")
-        if self.clock is not None and self.clock.overlaps:
-            note = f"{self.clock.overlaps} steps had overlapping phase hooks; residual set to 0"
-            self.recorder.event("warning", schema.EVENT_NOTE, note)
-        sampler, self.telemetry = self.telemetry, None
-        if sampler is not None:
-            self.recorder.samples(list(sampler.stop()))
-        self.recorder.finish()
-        if self.life.state is TRACING:
-            self.life.move(DONE)
+        finish_file(self)
 
     def finish_at_exit(self) -> None:
         """Interpreter exit with the file still open: the run ended without its teardown."""

@@ -1,9 +1,9 @@
-"""A traced training's rank file, finished at interpreter exit when training never closed it.
+"""A traced training's rank file finished: its footer, at the end of training or at exit.
 
-The exit handler (``at_exit``) calls this for a session whose footer was not written: the
-script exited (or raised) before the framework's teardown, or the loop has no end event of its
-own (any-loop capture, where the process's exit ends the training). Kept out of ``session``:
-it runs once per process, never on the step's path.
+The exit handler (``at_exit``) calls :func:`finish_at_exit` for a session whose footer was not
+written: the script exited (or raised) before the framework's teardown, or the loop has no end
+event of its own (any-loop capture, where the process's exit ends the training). Kept out of
+``session``: it runs once per process, never on the step's path.
 """
 
 from __future__ import annotations
@@ -14,8 +14,34 @@ from contextlib import suppress
 from typing import Any
 
 from traceml import schema
+from traceml.capture.lifecycle import DONE, TRACING
 
 EXITED_EARLY = "the process exited before training finished"
+
+
+def finish_file(session: Any) -> None:
+    """Write the footer and close the rank file (once): the adapters' last words, the queued
+    steps, the clock's overlap note, the telemetry sampler's last samples."""
+    recorder = session.recorder
+    if recorder is None or recorder.footer_written:
+        return
+    if not recorder.header_written:
+        session.write_header(timing="host")
+    for last_words in session.before_finish:
+        with suppress(Exception):
+            last_words()
+    # Flushed first: the queued steps' records made, their overlaps counted, a bad one known.
+    if recorder.flush() and recorder.bad_record is not None:
+        session.disable(f"a step record could not be made ({recorder.bad_record})")
+    if session.clock is not None and session.clock.overlaps:
+        note = f"{session.clock.overlaps} steps had overlapping phase hooks; residual set to 0"
+        recorder.event("warning", schema.EVENT_NOTE, note)
+    sampler, session.telemetry = session.telemetry, None
+    if sampler is not None:
+        recorder.samples(list(sampler.stop()))
+    recorder.finish()
+    if session.life.state is TRACING:
+        session.life.move(DONE)
 
 
 def finish_at_exit(session: Any) -> None:

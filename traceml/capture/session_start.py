@@ -69,6 +69,7 @@ def _prepare_comm_timing(session: Any) -> None:
     from traceml.capture.instruments.distributed import CommTimer
 
     session.comm = CommTimer(on_failure=session.disable)
+    session.cost_owners.append(session.comm)
     session.comm.wrap_hook_registration(DistributedDataParallel)
     session.add_undo(session.comm.uninstall)
 

@@ -34,7 +34,6 @@ from traceml import schema
 from traceml.capture import guard
 from traceml.capture.lifecycle import TRACING
 from traceml.capture.sink import MAX_QUEUED
-from traceml.capture.step_clock import RSS_EVERY_NS
 from traceml.step_record import STEP_KEYS
 
 _RSS_KEY = STEP_KEYS[schema.RSS]
@@ -86,15 +85,7 @@ class EventReplay:
         now (RSS, at most every ``RSS_EVERY_NS``; traceml's cost so far), and the step's events
         go to the sink, whose flusher closes the step."""
         session = self.session
-        rss = None
-        if session._rss is not None and now - session._rss_at >= RSS_EVERY_NS:
-            session._rss_at = now
-            rss = session._rss()
-        cost = 0
-        for owner in session.cost_owners:
-            cost += owner.own_cost_ns
-        if session.input_timing is not None:  # num_workers=0: its doors run in this process
-            cost += session.input_timing.own_cost_ns
+        rss, cost = session.rss_due(now), session.cost_ns()
         pending = self.pending
         pending.append((self.end_door, now, global_step, epoch, rss, cost))
         events = tuple(pending)
@@ -212,8 +203,7 @@ class EventReplay:
             self._carried_rss = None
         if rss is not None:
             extra[_RSS_KEY] = rss
-        extra[_COST_KEY] = ((cost - session._cost_reported_ns + 50) // 100) / 10
-        session._cost_reported_ns = cost
+        extra[_COST_KEY] = session.cost_field(cost)
         recorder = session.recorder
         steps_before = recorder.steps_written
         counted = recorder.count_step(closed)

@@ -79,7 +79,16 @@ class StepEvents:
 
     def __init__(self, capture: Any) -> None:
         self.capture = capture
-        self.own_cost_ns = 0
+
+    # The guard adds each event's time to its owner's: the capture's, which the session counts
+    # (a count of the callback's own would never reach ``traceml_us``).
+    @property
+    def own_cost_ns(self) -> int:
+        return self.capture.own_cost_ns
+
+    @own_cost_ns.setter
+    def own_cost_ns(self, value: int) -> None:
+        self.capture.own_cost_ns = value
 
     def _entry_failed(self, name: str, exc: BaseException) -> None:
         self.capture._entry_failed(name, exc)

@@ -48,29 +48,30 @@ from traceml.capture.guard import declare
 from traceml.capture.undo import undo_all
 
 _timed_fetchers: dict[type, type] = {}
-_logging_fetchers: dict[type, type] = {}
 
 
 def timed_fetcher_class(base: type) -> type:
-    """A subclass of the fetcher class ``base`` whose iteration reports its timing."""
+    """A subclass of the fetcher class ``base`` whose iteration logs its timing: the fetcher's
+    ``_traceml_observer`` is an event log, ``log((door, start, end))``: with one-door timing the
+    session's (``step_events``), else :func:`guarded_doors`' (the callback's entry points)."""
     if base not in _timed_fetchers:
 
         def __iter__(self):
-            observer = self.__dict__.get("_traceml_observer")
+            log = self.__dict__.get("_traceml_observer")
             start = clock_ns()
             result = super(timed, self).__iter__()
-            if observer is not None:
-                observer.iterator_created(start, clock_ns())
+            if log is not None:
+                log((ITERATOR_DOOR, start, clock_ns()))
             return result
 
         def __next__(self):
-            observer = self.__dict__.get("_traceml_observer")
+            log = self.__dict__.get("_traceml_observer")
             start = clock_ns()
             # base's method, looked up at each call, without a super object per batch; user
             # errors and StopIteration pass through
             batch = base.__next__(self)
-            if observer is not None:
-                observer.fetched(start, clock_ns())
+            if log is not None:
+                log((FETCH_DOOR, start, clock_ns()))
             return batch
 
         timed = type(
@@ -82,34 +83,16 @@ def timed_fetcher_class(base: type) -> type:
     return _timed_fetchers[base]
 
 
-def logging_fetcher_class(base: type) -> type:
-    """:func:`timed_fetcher_class` for one-door timing: the fetcher's ``_traceml_observer`` is
-    the session's event log (``step_events``), given the fetch's and the iterator's events."""
-    if base not in _logging_fetchers:
+def guarded_doors(observer: Any) -> Any:
+    """The fetcher's event log where each door is a guarded entry point of ``observer`` (the
+    callback): ``log((door, start, end))`` calls the door's. One frame more per fetch than the
+    session's log, only where the steps have CUDA events or collectives to time as well."""
+    doors = {FETCH_DOOR: observer.fetched, ITERATOR_DOOR: observer.iterator_created}
 
-        def __iter__(self):
-            log = self.__dict__.get("_traceml_observer")
-            start = clock_ns()
-            result = super(logging, self).__iter__()
-            if log is not None:
-                log((ITERATOR_DOOR, start, clock_ns()))
-            return result
+    def log(event: tuple[Any, ...]) -> None:
+        doors[event[0]](*event[1:])
 
-        def __next__(self):
-            log = self.__dict__.get("_traceml_observer")
-            start = clock_ns()
-            batch = base.__next__(self)  # as timed_fetcher_class's: errors pass through
-            if log is not None:
-                log((FETCH_DOOR, start, clock_ns()))
-            return batch
-
-        logging = type(
-            f"TraceMLTimed{base.__name__}",
-            (base,),
-            {"__iter__": __iter__, "__next__": __next__, "__module__": __name__},
-        )
-        _logging_fetchers[base] = logging
-    return _logging_fetchers[base]
+    return log
 
 
 def forward_module(pl_module: Any) -> Any | None:
@@ -228,9 +211,8 @@ class Instruments:
         if self._restore_fetcher is not None:
             self._restore_fetcher()
         original_class = type(fetcher)
-        fetcher._traceml_observer = self.doors
-        make = logging_fetcher_class if self.one_door else timed_fetcher_class
-        timed = fetcher.__class__ = make(original_class)
+        fetcher._traceml_observer = self.doors if self.one_door else guarded_doors(self.observer)
+        timed = fetcher.__class__ = timed_fetcher_class(original_class)
 
         def restore_fetcher() -> None:
             if type(fetcher) is timed:
