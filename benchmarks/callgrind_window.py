@@ -145,13 +145,15 @@ def scale_intervals(factor: float) -> None:
         elif defaults:
             defaults[-1] = telemetry.SAMPLE_INTERVAL_S * factor
             function.__defaults__ = tuple(defaults)
-    # The session's own step end and the event replay's (step_events) read it by name.
+    # Read by name where the step's end reads RSS (Session.rss_due; in stop 40's code the
+    # event replay's step end read its own copy).
     for name in ("traceml.capture.session", "traceml.capture.step_events"):
         try:
             module = importlib.import_module(name)
         except ImportError:  # an older checkout, before the event log
             continue
-        module.RSS_EVERY_NS = int(module.RSS_EVERY_NS * factor)
+        if hasattr(module, "RSS_EVERY_NS"):
+            module.RSS_EVERY_NS = int(module.RSS_EVERY_NS * factor)
 
 
 def from_environment() -> Window | None:
