@@ -66,7 +66,8 @@ class Session:
         self.device: Any = None
         self.header_extra: dict[str, Any] = {}
         self.own_cost_ns = 0
-        # Whatever's entry points cost time here: adapters, comm and input timing (cost_ns).
+        # Every part whose entry points cost this process time: the adapters, the comm and
+        # input timing once attached (summed by cost_ns).
         self.cost_owners: list[CostOwner] = [self]
         self._cost_reported_ns = 0
         self._clock_origin_unix = time.time()
