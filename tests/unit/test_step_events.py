@@ -149,16 +149,17 @@ def plan_of(seed: int, microbatches: int = 60) -> tuple[list[tuple], set[int]]:
     return plan, {i for i in range(microbatches) if rng.random() < 0.1}
 
 
-@pytest.mark.parametrize("usual", [USUAL, None], ids=["usual_step", "event_by_event"])
+@pytest.mark.parametrize("usual", [USUAL, None], ids=["usual_record", "event_by_event"])
 @pytest.mark.parametrize("seed", range(6))
 def test_the_replayed_events_write_the_records_the_inline_clock_writes(
     tmp_path, ticks, seed, usual, monkeypatch
 ):
-    # usual_step: most single-microbatch steps take StepClock.usual_step (one call); the
-    # others (accumulation, an epoch's first step, side events) go event by event.
+    # usual_record: most single-microbatch steps take StepClock.usual_record (one call, the
+    # record at once); the others (accumulation, an epoch's first step, side events) go event
+    # by event.
     calls = []
-    real = StepClock.usual_step
-    monkeypatch.setattr(StepClock, "usual_step", lambda *a: calls.append(real(*a)) or calls[-1])
+    real = StepClock.usual_record
+    monkeypatch.setattr(StepClock, "usual_record", lambda *a: calls.append(real(*a)) or calls[-1])
     plan, epoch_ends = plan_of(seed)
     written, side = [], []
     for events in (False, True):

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceml import schema
-from traceml.capture.closed_step import ClosedStep, Group
+from traceml.capture.closed_step import ClosedStep, Group, usual_record
+from traceml.step_record import StepRecord
 
 NS_PER_MS = 1_000_000
 # RSS (a procfs read, ~7 us, rss_reader) at most this often at a step's end (null between).
@@ -263,7 +264,7 @@ class StepClock:
         group.optimizer_ns = (group.optimizer_ns or 0) + window
         return self._close(now_ns, True, global_step, epoch)
 
-    def usual_step(
+    def usual_record(
         self,
         fetch: tuple[Any, int, int],
         h2d: tuple[Any, int, int],
@@ -273,30 +274,48 @@ class StepClock:
         now_ns: int,
         global_step: int | None,
         epoch: int | None,
-    ) -> ClosedStep | None:
-        """The usual one-door microbatch in one call: ``fetched``, ``transferred``,
-        ``forward_timed``, ``backward_timed``, ``optimizer_ended`` and :meth:`batch_closed`,
-        each phase an event ``(name, start, end)`` (the optimizer's ``(name, end)``), the same
-        arithmetic on the same integers (a unit test holds the two equal). None where the
-        clock is not between steps (an open group, an epoch's iterator to count, not
-        ``optimizer_from_backward``): the caller makes the calls one by one."""
+    ) -> StepRecord | None:
+        """The usual one-door microbatch in one call, its record at once: ``fetched``,
+        ``transferred``, ``forward_timed``, ``backward_timed``, ``optimizer_ended``,
+        :meth:`batch_closed` and the closed step's record (``closed_step.usual_record``), each
+        phase an event ``(name, start, end)`` (the optimizer's ``(name, end)``), the same
+        arithmetic on the same integers (a unit test holds the two paths equal), without a
+        closed step in between: the flusher's replay of a fast loop makes ~1,000 a second.
+        None where the clock is not between steps (an open group, an epoch's iterator to
+        count, not ``optimizer_from_backward``) or the record is not the usual one (the first
+        step, comm fields): the caller makes the calls one by one."""
+        last_end = self._last_end_ns
         if (
-            self._group is not None
+            last_end is None
+            or global_step is None
+            or epoch is None
+            or self._group is not None
             or self._micro is not None
             or self._pending_iter is not None
+            or self.comm_enabled
             or not self.optimizer_from_backward
         ):
             return None
-        group = self._group = Group(fetch[1])
-        group.input_ns = fetch[2] - fetch[1]
-        group.h2d_ns = h2d[2] - h2d[1]
-        group.forward_ns = forward[2] - forward[1]
+        index = self.steps_emitted
+        self.steps_emitted = index + 1
+        self._last_end_ns = now_ns
+        start = fetch[1]
         backward_end = backward[2]
-        group.backward_ns = backward_end - backward[1]
-        group.microbatches = 1
-        window = stepped[1] - backward_end  # the window opened at the backward's end
-        group.optimizer_ns = window if window > 0 else 0
-        return self._close(now_ns, True, global_step, epoch)
+        optimizer = stepped[1] - backward_end  # the window opened at the backward's end
+        return usual_record(
+            self,
+            index,
+            global_step,
+            epoch,
+            start,
+            now_ns,
+            last_end,
+            fetch[2] - start,
+            h2d[2] - h2d[1],
+            forward[2] - forward[1],
+            backward_end - backward[1],
+            optimizer if optimizer > 0 else 0,
+        )
 
     def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None

@@ -59,7 +59,8 @@ class EventReplay:
         ``end_door``: the step-end event's name (:meth:`Session.batch_ended`'s event);
         ``sink``: the rank file's (its queue, its ``halted`` flag); ``usual``: the names of
         the usual microbatch's five events (fetch, transfer, forward, backward, optimizer
-        step), which the clock replays in one call (``StepClock.usual_step``)."""
+        step), which the clock replays in one call, its record at once
+        (``StepClock.usual_record``)."""
         self.session = session
         self.doors = {**doors, end_door: self._step_end}
         self.end_door = end_door
@@ -157,7 +158,8 @@ class EventReplay:
 
     def _usual(self, events: tuple[tuple[Any, ...], ...]) -> Any:
         """The usual microbatch: its five clock events and the step's end, after side doors'
-        events only, in one clock call; ``_NOT_USUAL`` for anything else."""
+        events only, in one clock call that makes the record; ``_NOT_USUAL`` for anything
+        else."""
         first = len(events) - 6
         fetch, h2d, forward, backward, stepped, end = events[first:]
         if (fetch[0], h2d[0], forward[0], backward[0], stepped[0], end[0]) != self._usual_names:
@@ -170,15 +172,15 @@ class EventReplay:
         if session.life.state is not TRACING:
             return None  # logged before tracing stopped (a limit, a failure): not written
         _, now, global_step, epoch, rss, cost = end
-        closed = session.clock.usual_step(
+        record = session.clock.usual_record(
             fetch, h2d, forward, backward, stepped, now, global_step, epoch
         )
-        if closed is None:  # the clock is not between steps
+        if record is None:
             return _NOT_USUAL
         doors = self.doors
         for event in side:
             doors[event[0]](*event[1:])
-        return self._written(closed, rss, cost)
+        return self._written(record, record, rss, cost)  # the record holds the session's fields
 
     def _step_end(self, now: int, global_step: Any, epoch: Any, rss: Any, cost: int) -> Any:
         """The session's ``_emit`` for a replayed step's end: the step closed, its RSS and cost
@@ -192,18 +194,19 @@ class EventReplay:
             if rss is not None:
                 self._carried_rss = rss
             return None
-        return self._written(closed, rss, cost)
+        return self._written(closed, closed.extra, rss, cost)
 
-    def _written(self, closed: Any, rss: Any, cost: int) -> Any:
+    def _written(self, closed: Any, fields: dict[str, Any], rss: Any, cost: int) -> Any:
+        """``closed`` (a closed step or its record) counted, with the session's fields put in
+        ``fields`` (the closed step's ``extra``, or the record itself)."""
         session = self.session
-        extra = closed.extra
         if rss is None:
             rss, self._carried_rss = self._carried_rss, None
         else:
             self._carried_rss = None
         if rss is not None:
-            extra[_RSS_KEY] = rss
-        extra[_COST_KEY] = session.cost_field(cost)
+            fields[_RSS_KEY] = rss
+        fields[_COST_KEY] = session.cost_field(cost)
         recorder = session.recorder
         steps_before = recorder.steps_written
         counted = recorder.count_step(closed)
