@@ -162,10 +162,10 @@ def break_method(tmp_path, module: str, method: str, when: str, error: str):
 
 def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     # A sitecustomize on the path breaks the clock after two steps, as a traceml bug would
-    # (its close: both batch_closed and the usual step's one call end there; on a single CPU
-    # process the break is found in the flusher's replay, the warning at the next step's end).
+    # (the usual step's one call, which every step after the first takes on a single CPU
+    # process: the break is found in the flusher's replay, the warning at the next step's end).
     hooks = break_method(
-        tmp_path, "traceml.capture.step_clock", "StepClock._close",
+        tmp_path, "traceml.capture.step_clock", "StepClock.usual_record",
         "self.steps_emitted >= 2", "ValueError('injected failure')",
     )  # fmt: skip
     env = traced_env(
@@ -189,12 +189,14 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
 def test_a_step_record_that_cannot_be_made_disables_tracing_with_a_note_and_a_footer(tmp_path):
     # The records are made on the sink's flusher thread (closed_step): a bug there drops that
     # record alone and turns tracing off with one warning, the note and the footer still
-    # written; nothing reaches the training or prints a thread's traceback.
+    # written; nothing reaches the training or prints a thread's traceback. (Two microbatches
+    # a step: such steps are closed ones whose record the sink builds; the usual one-microbatch
+    # step's record is made in the replay, test_a_broken_callback_disables_tracing...)
     hooks = break_method(
         tmp_path, "traceml.capture.closed_step", "ClosedStep.record",
         "self.index == 2", "ZeroDivisionError('injected into a record')",
     )  # fmt: skip
-    env = traced_env(tmp_path / "logs", "r", TINY_BATCHES=8, PYTHONPATH=hooks)
+    env = traced_env(tmp_path / "logs", "r", TINY_BATCHES=16, TINY_ACCUM=2, PYTHONPATH=hooks)
     result = run([PYTHON, TINY], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert tiny_result(result.stdout)["global_step"] == 8

@@ -114,3 +114,90 @@ def test_one_timed_fetcher_class_serves_the_event_log_and_the_guarded_doors(one_
         assert logged == []
     instruments.remove()
     assert type(fetcher) is Fetcher and "_traceml_observer" not in vars(fetcher)
+
+
+def test_the_progress_counters_read_what_global_step_and_current_epoch_read():
+    # Real Lightning: the step's end reads Lightning's progress trackers instead of the
+    # properties; with gradient accumulation, over two epochs, at the module's batch-end hook
+    # (where the step ends), they must agree every batch.
+    import lightning.pytorch as pl
+    import torch
+
+    from traceml.capture.frameworks.lightning_instruments import progress_counters
+
+    seen: list[tuple] = []
+
+    class Tiny(pl.LightningModule):
+        def __init__(self, manual: bool = False) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).sum()
+            if not self.automatic_optimization:
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            counters = progress_counters(self.trainer)
+            if not self.automatic_optimization:
+                seen.append(counters)
+                return
+            steps, epochs = counters
+            trainer = self.trainer
+            seen.append(
+                (steps.completed, trainer.global_step, epochs.completed, trainer.current_epoch)
+            )
+
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(10, 2)), batch_size=2
+    )
+    options = dict(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+    )
+    pl.Trainer(accumulate_grad_batches=2, **options).fit(Tiny(), data)
+    assert len(seen) == 10
+    assert all(read[0] == read[1] and read[2] == read[3] for read in seen)
+    assert [read[1] for read in seen] == [0, 1, 1, 2, 3, 3, 4, 4, 5, 6]  # it counts steps
+    assert {read[3] for read in seen} == {0, 1}
+    seen.clear()
+    pl.Trainer(**options).fit(Tiny(manual=True), data)
+    assert seen and all(read is None for read in seen)  # manual optimization: the properties
+
+
+def test_the_progress_counters_are_none_where_lightning_has_no_such_trackers():
+    from types import SimpleNamespace
+
+    from traceml.capture.frameworks.lightning_instruments import progress_counters
+
+    module = SimpleNamespace(automatic_optimization=True)
+    trainer = SimpleNamespace(lightning_module=module, global_step=3, current_epoch=0)
+    assert progress_counters(trainer) is None  # no fit_loop
+    done = SimpleNamespace(completed=2)  # trackers that disagree with the properties
+    loop = SimpleNamespace(
+        epoch_loop=SimpleNamespace(
+            automatic_optimization=SimpleNamespace(
+                optim_progress=SimpleNamespace(
+                    optimizer=SimpleNamespace(step=SimpleNamespace(total=done))
+                )
+            )
+        ),
+        epoch_progress=SimpleNamespace(current=SimpleNamespace(completed=0)),
+    )
+    trainer.fit_loop = loop
+    assert progress_counters(trainer) is None
+    done.completed = 3
+    assert progress_counters(trainer) == (done, loop.epoch_progress.current)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import suppress
+from operator import attrgetter
 from typing import Any
 
 from traceml import console, schema
@@ -41,6 +42,7 @@ from traceml.step_record import STEP_KEYS
 # A step record's own keys (rank schema 2.0).
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
+_OWN_COST = attrgetter("own_cost_ns")
 
 
 class Session:
@@ -283,10 +285,7 @@ class Session:
 
     def cost_ns(self) -> int:
         """traceml's own time so far, every cost owner's entry points together."""
-        cost = 0
-        for owner in self.cost_owners:
-            cost += owner.own_cost_ns
-        return cost
+        return sum(map(_OWN_COST, self.cost_owners))  # no loop of bytecodes: once a step
 
     def cost_field(self, cost: int) -> float:
         """A step's ``traceml_us``: the cost since the previous step's, in tenths of a us

@@ -57,6 +57,7 @@ from .lightning_instruments import (
     Instruments,
     event_doors,
     forward_module,
+    progress_counters,
 )
 
 # Lightning's tuner runs a fit of its own (Tuner.lr_find / scale_batch_size add one of these
@@ -108,6 +109,7 @@ class StepTiming:
         self.own_cost_ns = 0  # time inside this callback's entry points (the guard adds to it)
         self.session.cost_owners.append(self)
         self.instruments = Instruments(self)
+        self._counters: tuple[Any, Any] | None = None
         self.session.add_undo(self.instruments.remove)
         self.pid = os.getpid()
 
@@ -168,6 +170,7 @@ class StepTiming:
             ddp_model=getattr(trainer.strategy, "model", None),
         )
         self.instruments.install(trainer, pl_module, fetcher)
+        self._counters = progress_counters(trainer)
         self._time_optimizer_from_backward(trainer)
         self._end_steps_before_module_hook(trainer, pl_module)
         self._install_input_timing(trainer)
@@ -225,7 +228,11 @@ class StepTiming:
         per_step=True,
     )
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
-        self.session.batch_ended(trainer.global_step, trainer.current_epoch)
+        counters = self._counters  # progress_counters: what trainer.global_step reads
+        if counters is None:
+            self.session.batch_ended(trainer.global_step, trainer.current_epoch)
+        else:
+            self.session.batch_ended(counters[0].completed, counters[1].completed)
 
     @entry_point("lightning.on_train_epoch_end", "Lightning's on_train_epoch_end hook")
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -324,10 +331,7 @@ class StepTiming:
         from traceml.capture.instruments.dataloader import install_input_timing
 
         session = self.session
-        if session.input_timing is not None or session.life.state not in (
-            READY,
-            TRACING,
-        ):
+        if session.input_timing is not None or session.life.state not in (READY, TRACING):
             return
         combined = getattr(trainer.fit_loop, "_combined_loader", None)
         loaders = getattr(combined, "flattened", None) or [trainer.train_dataloader]

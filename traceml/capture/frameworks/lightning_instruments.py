@@ -109,6 +109,29 @@ def forward_module(pl_module: Any) -> Any | None:
         return None
 
 
+def progress_counters(trainer: Any) -> tuple[Any, Any] | None:
+    """Lightning's progress trackers behind ``trainer.global_step`` and
+    ``trainer.current_epoch`` (automatic optimization): their ``completed`` read at each step's
+    end, without the properties' chain (~8 property frames a step: the trainer's, the epoch
+    loop's, ``lightning_module``'s, the strategy's...). Lightning updates these trackers in
+    place, checkpoint restores included. None where they cannot be found or do not read what
+    the properties read now: the step's end reads the properties."""
+    try:
+        module = trainer.lightning_module
+        if module is None or not module.automatic_optimization:
+            return None
+        fit_loop = trainer.fit_loop
+        steps = fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+        epochs = fit_loop.epoch_progress.current
+        if type(steps.completed) is not int or type(epochs.completed) is not int:
+            return None
+        if steps.completed != trainer.global_step or epochs.completed != trainer.current_epoch:
+            return None
+        return steps, epochs
+    except Exception:  # another Lightning: the properties
+        return None
+
+
 class InBackward:
     """Whether the strategy's backward is running (the one-door wrappers' shared state)."""
 
