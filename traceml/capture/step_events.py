@@ -38,7 +38,6 @@ from traceml.step_record import STEP_KEYS
 
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
-_NOT_USUAL = object()  # EventReplay._usual: not the usual step, replay it event by event
 
 
 class EventReplay:
@@ -137,15 +136,36 @@ class EventReplay:
     def __call__(self, events: tuple[tuple[Any, ...], ...]) -> Any:
         if self.failure is not None:
             return None
-        doors = self.doors
         inject = guard._inject  # TRACEML_FAULT_INJECT: a door raises, as a guarded one would
         made = event = None
         try:
-            if inject is None and len(events) >= 6 and self.usual is not None:
+            if inject is None and self.usual is not None and len(events) >= 6:
+                # The usual microbatch: its five clock events and the step's end, after side
+                # doors' events only, in one clock call that makes the record (inline here:
+                # the flusher runs this ~1,000 times a second on a fast loop).
                 event = events[-1]  # a failure there is named after the step's end
-                made = self._usual(events)
-                if made is not _NOT_USUAL:
-                    return made
+                first = len(events) - 6
+                fetch, h2d, forward, backward, stepped, end = events[first:]
+                side = events[:first]
+                usual = (fetch[0], h2d[0], forward[0], backward[0], stepped[0], end[0])
+                for each in side:
+                    if each[0] not in self.side_doors:
+                        usual = None
+                        break
+                if usual == self._usual_names:
+                    session = self.session
+                    if session.life.state is not TRACING:
+                        return None  # logged before tracing stopped (a limit, a failure)
+                    _, now, global_step, epoch, rss, cost = end
+                    record = session.clock.usual_record(
+                        fetch, h2d, forward, backward, stepped, now, global_step, epoch
+                    )
+                    if record is not None:
+                        doors = self.doors
+                        for event in side:
+                            doors[event[0]](*event[1:])
+                        return self._written(record, record, rss, cost)  # the fields: its own
+            doors = self.doors
             for event in events:  # the step's end (the last one) makes its records
                 if inject is not None and event[0] == inject:
                     raise guard.InjectedFault("fault injected into " + inject)
@@ -155,32 +175,6 @@ class EventReplay:
             self.sink.halted = True  # the training thread turns tracing off
             return None
         return made
-
-    def _usual(self, events: tuple[tuple[Any, ...], ...]) -> Any:
-        """The usual microbatch: its five clock events and the step's end, after side doors'
-        events only, in one clock call that makes the record; ``_NOT_USUAL`` for anything
-        else."""
-        first = len(events) - 6
-        fetch, h2d, forward, backward, stepped, end = events[first:]
-        if (fetch[0], h2d[0], forward[0], backward[0], stepped[0], end[0]) != self._usual_names:
-            return _NOT_USUAL
-        side = events[:first]
-        for event in side:
-            if event[0] not in self.side_doors:
-                return _NOT_USUAL
-        session = self.session
-        if session.life.state is not TRACING:
-            return None  # logged before tracing stopped (a limit, a failure): not written
-        _, now, global_step, epoch, rss, cost = end
-        record = session.clock.usual_record(
-            fetch, h2d, forward, backward, stepped, now, global_step, epoch
-        )
-        if record is None:
-            return _NOT_USUAL
-        doors = self.doors
-        for event in side:
-            doors[event[0]](*event[1:])
-        return self._written(record, record, rss, cost)  # the record holds the session's fields
 
     def _step_end(self, now: int, global_step: Any, epoch: Any, rss: Any, cost: int) -> Any:
         """The session's ``_emit`` for a replayed step's end: the step closed, its RSS and cost
