@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from traceml import console, schema
-from traceml.capture import guard
+from traceml.capture import guard, step_events
 from traceml.capture import session as session_module
 from traceml.capture.lifecycle import DISABLED, DONE
 from traceml.capture.session import Session
@@ -51,6 +51,7 @@ class Ticks:
 def ticks(monkeypatch):
     clock = Ticks()
     monkeypatch.setattr(session_module, "clock_ns", clock)
+    monkeypatch.setattr(step_events, "clock_ns", clock)  # the replay's step end reads it
     return clock
 
 

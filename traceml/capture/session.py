@@ -74,7 +74,7 @@ class Session:
         self._cost_reported_ns = 0
         self._clock_origin_unix = time.time()
         self._rss: Any = None
-        self._rss_at = 0
+        self.rss_next_ns = 0  # when RSS is next read (rss_due)
         self._disabled_warned = False
         self._undo: list[Undo] = []
         # A loop with no end event (any-loop capture): the process's exit ends the training,
@@ -218,11 +218,10 @@ class Session:
 
     def batch_ended(self, global_step: Any = None, epoch: Any = None) -> None:
         """A microbatch ended; it writes the step when it stepped the optimizer."""
-        if self.life.state is TRACING:  # no microbatch open: the clock returns None
+        if self.event_log is not None:  # the flusher closes the step (step_events)
+            self.replay.step_ended(global_step, epoch)
+        elif self.life.state is TRACING:  # no microbatch open: the clock returns None
             now = clock_ns()
-            if self.event_log is not None:  # the flusher closes the step (step_events)
-                self.replay.log_end(now, global_step, epoch)
-                return
             closed = self.clock.batch_closed(now, global_step, epoch)
             if closed is not None:
                 self._emit(closed, now)
@@ -277,9 +276,10 @@ class Session:
                 self._after_write(recorder, written)
 
     def rss_due(self, now: int) -> int | None:
-        """RSS (a procfs read, ~7 us) at most every RSS_EVERY_NS on short steps (None between)."""
-        if self._rss is not None and now - self._rss_at >= RSS_EVERY_NS:
-            self._rss_at = now
+        """RSS (a procfs read, ~7 us) at most every RSS_EVERY_NS on short steps (None between;
+        ``now < rss_next_ns`` says so without the call)."""
+        if self._rss is not None and now >= self.rss_next_ns:
+            self.rss_next_ns = now + RSS_EVERY_NS
             return self._rss()
         return None
 

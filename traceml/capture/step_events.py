@@ -32,6 +32,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.capture import guard
+from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import TRACING
 from traceml.capture.sink import MAX_QUEUED
 from traceml.step_record import STEP_KEYS
@@ -80,12 +81,17 @@ class EventReplay:
 
     # -- the training thread -----------------------------------------------------------------
 
-    def log_end(self, now: int, global_step: Any, epoch: Any) -> None:
-        """The step's end (:meth:`Session.batch_ended`): its event carries what must be read
-        now (RSS, at most every ``RSS_EVERY_NS``; traceml's cost so far), and the step's events
-        go to the sink, whose flusher closes the step."""
+    def step_ended(self, global_step: Any, epoch: Any) -> None:
+        """A microbatch's end (:meth:`Session.batch_ended`; the Lightning callback calls it
+        itself: one frame less on the training thread): its event carries what must be read
+        now (the clock, RSS at most every ``RSS_EVERY_NS``, traceml's cost so far), and the
+        step's events go to the sink, whose flusher closes the step."""
         session = self.session
-        rss, cost = session.rss_due(now), session.cost_ns()
+        if session.life.state is not TRACING:
+            return
+        now = clock_ns()
+        rss = session.rss_due(now) if now >= session.rss_next_ns else None
+        cost = session.cost_ns()
         pending = self.pending
         pending.append((self.end_door, now, global_step, epoch, rss, cost))
         events = tuple(pending)

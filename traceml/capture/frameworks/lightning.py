@@ -110,6 +110,7 @@ class StepTiming:
         self.session.cost_owners.append(self)
         self.instruments = Instruments(self)
         self._counters: tuple[Any, Any] | None = None
+        self._batch_ended = self.session.batch_ended  # or, with one-door timing, the replay's
         self.session.add_undo(self.instruments.remove)
         self.pid = os.getpid()
 
@@ -131,10 +132,6 @@ class StepTiming:
     @property
     def state_key(self) -> str:
         return "traceml.StepTiming"
-
-    @property
-    def tracing(self) -> bool:
-        return self.session.life.state is TRACING
 
     def _entry_failed(self, name: str, exc: BaseException) -> None:
         self.session._entry_failed(name, exc)
@@ -171,6 +168,8 @@ class StepTiming:
         )
         self.instruments.install(trainer, pl_module, fetcher)
         self._counters = progress_counters(trainer)
+        if self.session.replay is not None:  # one-door timing: a frame less a step
+            self._batch_ended = self.session.replay.step_ended
         self._time_optimizer_from_backward(trainer)
         self._end_steps_before_module_hook(trainer, pl_module)
         self._install_input_timing(trainer)
@@ -230,15 +229,14 @@ class StepTiming:
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         counters = self._counters  # progress_counters: what trainer.global_step reads
         if counters is None:
-            self.session.batch_ended(trainer.global_step, trainer.current_epoch)
+            self._batch_ended(trainer.global_step, trainer.current_epoch)
         else:
-            self.session.batch_ended(counters[0].completed, counters[1].completed)
+            self._batch_ended(counters[0].completed, counters[1].completed)
 
     @entry_point("lightning.on_train_epoch_end", "Lightning's on_train_epoch_end hook")
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self.session.epoch_ended(
-            getattr(trainer, "global_step", None), getattr(trainer, "current_epoch", None)
-        )
+        step, epoch = getattr(trainer, "global_step", None), getattr(trainer, "current_epoch", None)
+        self.session.epoch_ended(step, epoch)
 
     @entry_point("lightning.on_train_end", "Lightning's on_train_end hook")
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
