@@ -47,9 +47,23 @@ def _write() -> None:
 
 def _record() -> None:
     """The step not closed: the step's accumulators just reset, and a record built once at the
-    first step handed out again (the flusher encodes it each time, as it would a new one)."""
+    first step handed out again (the flusher encodes it each time, as it would a new one). The
+    usual step (``StepClock.usual_record``, the replay's one call) hands out a copy of the first
+    record it made."""
     step_clock = importlib.import_module("traceml.capture.step_clock")
     original = step_clock.StepClock._close
+    original_usual = step_clock.StepClock.usual_record
+    usual: dict[str, Any] = {}
+
+    def usual_record(self, *args):
+        if not usual:
+            record = original_usual(self, *args)
+            if record is None:
+                return None
+            usual.update(record)
+        return dict(usual)  # the session's fields go into it: one of its own
+
+    step_clock.StepClock.usual_record = usual_record
     made: dict[str, Any] = {}
 
     class Made:
