@@ -56,6 +56,13 @@ def _record() -> None:
     usual: dict[str, Any] = {}
 
     def usual_record(self, *args):
+        if (
+            self._group is not None
+            or self._micro is not None
+            or self._pending_iter is not None
+            or not self.optimizer_from_backward
+        ):
+            return None  # not between steps: event by event, as the real call says
         if not usual:
             record = original_usual(self, *args)
             if record is None:

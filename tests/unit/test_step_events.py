@@ -284,3 +284,32 @@ def test_a_microbatch_that_does_not_step_hands_its_rss_reading_to_the_step(tmp_p
     session.close()
     (step,) = [r for r in records_in(session) if r.get(schema.KIND) == schema.KIND_STEP]
     assert step[STEP_KEYS[schema.RSS]] == 1 and step[STEP_KEYS[schema.MICROBATCHES]] == 2
+
+
+@pytest.mark.parametrize("broken", ["side door", "counts"])
+def test_a_failure_in_the_usual_steps_replay_is_named_after_the_door_that_failed(
+    tmp_path, ticks, monkeypatch, broken
+):
+    # The usual step's one call replays the side doors' events, then counts the step: a
+    # failure in a side door names that door, one in the counts names the step's end.
+    class Side(list):
+        def append(self, fields):
+            if broken == "side door" and len(self) == 3:
+                raise RuntimeError("side door broke")
+            super().append(fields)
+
+    session = started(tmp_path, f"name-{broken}", True, USUAL, Side())
+    real = session.cost_field
+
+    def cost_field(cost):
+        if broken == "counts" and session.recorder.steps_written == 3:
+            raise RuntimeError("counts broke")
+        return real(cost)
+
+    monkeypatch.setattr(session, "cost_field", cost_field)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(6)]
+    drive(session, ticks, plan, set())
+    session.recorder.flush()
+    door, exc = session.replay.failure
+    assert door == (SIDE if broken == "side door" else "t.end")
+    assert str(exc) == f"{broken} broke"

@@ -168,8 +168,9 @@ class EventReplay:
                     )
                     if record is not None:
                         doors = self.doors
-                        for event in side:
+                        for event in side:  # a failure in one is named after its door
                             doors[event[0]](*event[1:])
+                        event = end  # and one in the counts after the step's end
                         return self._written(record, record, rss, cost)  # the fields: its own
             doors = self.doors
             for event in events:  # the step's end (the last one) makes its records
