@@ -10,6 +10,7 @@ test_attribution.py, test_fault_injection.py, test_rank_file_crash_bound.py.)
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import orjson
 import pytest
@@ -78,10 +79,34 @@ def started(tmp_path, name: str, events: bool, usual=USUAL, side=None, **setting
     return session
 
 
-def drive(session: Session, ticks: Ticks, plan: list[tuple], epoch_ends: set[int]) -> None:
+class Tracker:
+    """One of Lightning's progress trackers, as ``EventReplay.step_end_door`` reads it."""
+
+    def __init__(self) -> None:
+        self.completed = 0
+
+
+def trackers_end(session: Session) -> Any:
+    """``ended(global_step, epoch)`` through the replay's end door, as the wrapper before
+    Lightning's ``on_train_batch_end`` calls it (the counters set in the trackers first)."""
+    steps, epochs = Tracker(), Tracker()
+    door = session.replay.step_end_door(steps, epochs)
+
+    def ended(global_step: int, epoch: int) -> None:
+        steps.completed, epochs.completed = global_step, epoch
+        door("trainer", None)
+
+    return ended
+
+
+def drive(
+    session: Session, ticks: Ticks, plan: list[tuple], epoch_ends: set[int], ended: Any = None
+) -> None:
     """Each microbatch of ``plan``: (t0, durations, stepped, global_step). Inline: the clock's
-    methods; with events: the log, as the wrappers call them."""
+    methods; with events: the log, as the wrappers call them. ``ended(global_step, epoch)``:
+    the step's end (default ``session.batch_ended``)."""
     log = session.event_log
+    ended = ended or session.batch_ended
     for index, (t0, (fetch, h2d, forward, backward, optimizer, rest), stepped, step) in enumerate(
         plan
     ):
@@ -112,7 +137,7 @@ def drive(session: Session, ticks: Ticks, plan: list[tuple], epoch_ends: set[int
                     STEPPED: session.clock.optimizer_ended,
                 }[event[0]](*event[1:])
         ticks.now = t + rest
-        session.batch_ended(step, 0)
+        ended(step, 0)
         if index in epoch_ends:
             ticks.now += 7
             session.epoch_ended(step, 0)
@@ -176,6 +201,50 @@ def test_the_replayed_events_write_the_records_the_inline_clock_writes(
     taken = [c for c in calls if c is not None]
     assert (len(taken) >= 5) if usual else not calls
     assert len(taken) < len(inline)  # and the others event by event
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_end_door_writes_what_the_step_end_writes(tmp_path, ticks, seed):
+    # Lightning's one-door step end (EventReplay.step_end_door, the trackers read at the call)
+    # against Session.batch_ended with the same numbers: the same records, the same RSS reads.
+    plan, epoch_ends = plan_of(seed)
+    written = []
+    for door in (False, True):
+        session = started(tmp_path, f"end{seed}{door}", True, USUAL, [])
+        session._rss = iter(range(1, 10**6)).__next__  # each read a new value
+        drive(session, ticks, plan, epoch_ends, trackers_end(session) if door else None)
+        session.train_ended(0)
+        session.close()
+        written.append([r for r in records_in(session) if r.get(schema.KIND) == schema.KIND_STEP])
+    by_batch_ended, by_end_door = written
+    assert len(by_batch_ended) >= 10
+    assert by_end_door == by_batch_ended
+
+
+def test_a_failure_in_the_end_door_turns_tracing_off_and_never_reaches_training(
+    tmp_path, ticks, monkeypatch
+):
+    warnings = []
+    monkeypatch.setattr(console, "warn", lambda message, **_: warnings.append(message))
+    session = started(tmp_path, "end-fails", True)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(8)]
+    ended = trackers_end(session)
+    drive(session, ticks, plan[:3], set(), ended)
+
+    class Broken:
+        @property
+        def completed(self) -> int:
+            raise RuntimeError("tracker broke")
+
+    broken = session.replay.step_end_door(Broken(), Tracker())
+    drive(session, ticks, plan[3:5], set(), lambda step, epoch: broken("trainer", None))
+    assert session.life.state is DISABLED
+    assert warnings == [
+        "tracing disabled: t.end failed (RuntimeError: tracker broke); training continues untraced"
+    ]
+    drive(session, ticks, plan[5:], set(), ended)  # after it: nothing raised, nothing queued
+    session.close()
+    assert len(steps_in(session)) == 3  # the steps before it, each once
 
 
 def test_a_failure_found_in_the_replay_turns_tracing_off_at_the_next_step_end(

@@ -28,6 +28,7 @@ a phase's start needs a door (a CUDA event, a collective's phase), the doors cal
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from traceml import schema
@@ -39,6 +40,7 @@ from traceml.step_record import STEP_KEYS
 
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
+_OWN_COST = attrgetter("own_cost_ns")
 
 
 class EventReplay:
@@ -100,6 +102,35 @@ class EventReplay:
         sink = self.sink
         if sink.halted or self._queued() >= MAX_QUEUED:
             self.act()
+
+    def step_end_door(self, steps: Any, epochs: Any) -> Callable[..., None]:
+        """:meth:`step_ended` as the one frame that a wrapper calls just before Lightning's
+        ``on_train_batch_end`` (``ended(*ignored)``), the global step and the epoch read at
+        the call from ``steps.completed`` and ``epochs.completed`` (Lightning's progress
+        trackers). Not a guarded entry point, which would be three frames more a step and two
+        clock reads: its failure turns tracing off as the guard's would, naming the step's
+        end door. An injected fault there is raised by the replay, as for the other doors."""
+        session, end_door, owners = self.session, self.end_door, self.session.cost_owners
+        pending, queue, queued, sink = self.pending, self._queue, self._queued, self.sink
+
+        def ended(*_: Any) -> None:
+            try:
+                if session.life.state is not TRACING:
+                    return
+                now = clock_ns()
+                rss = session.rss_due(now) if now >= session.rss_next_ns else None
+                cost = sum(map(_OWN_COST, owners))  # Session.cost_ns, without its frame
+                pending.append((end_door, now, steps.completed, epochs.completed, rss, cost))
+                events = tuple(pending)
+                pending.clear()  # as in step_ended
+                queue(events)
+                if sink.halted or queued() >= MAX_QUEUED:
+                    self.act()
+                session.own_cost_ns += clock_ns() - now  # as the guard counts a door's time
+            except Exception as exc:
+                guard.failed(session, end_door, exc)
+
+        return ended
 
     def settle(self) -> None:
         """Every event logged so far replayed, its steps written (:meth:`Session.settle`:

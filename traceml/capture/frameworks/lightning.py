@@ -195,6 +195,8 @@ class StepTiming:
         Lightning calls right after every callback's: the same point as this callback's hook
         (the last callback), without Lightning's dispatch of it to a callback each batch."""
         ended = self.on_train_batch_end  # the guarded hook, bound before the attribute hides it
+        if self.session.replay is not None and self._counters is not None:  # one-door timing
+            ended = self.session.replay.step_end_door(*self._counters)  # one frame, no guard
         if self.instruments.end_steps_before_module_hook(trainer, pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
             self.instruments.add_undo(lambda: self.__dict__.pop("on_train_batch_end", None))
