@@ -43,6 +43,12 @@ def _write() -> None:
     sink = importlib.import_module("traceml.capture.sink")
     sink.RankSink.append = lambda self, record: self._fd is not None
     sink.RankSink._encode = lambda self, item, chunks: None
+    dumps = sink._dumps  # the flusher encodes the usual step's record itself (sink.flush)
+
+    def steps_unencoded(item: Any, option: int = 0) -> bytes:
+        return b"" if item.get("kind") == "step" else dumps(item, option=option)
+
+    sink._dumps = steps_unencoded
 
 
 def _record() -> None:

@@ -28,7 +28,7 @@ a phase's start needs a door (a CUDA event, a collective's phase), the doors cal
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from traceml import schema
@@ -41,6 +41,7 @@ from traceml.step_record import STEP_KEYS
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
 _OWN_COST = attrgetter("own_cost_ns")
+_NAME = itemgetter(0)  # an event's door
 
 
 class EventReplay:
@@ -176,33 +177,31 @@ class EventReplay:
         inject = guard._inject  # TRACEML_FAULT_INJECT: a door raises, as a guarded one would
         made = event = None
         try:
-            if inject is None and self.usual is not None and len(events) >= 6:
-                # The usual microbatch: its five clock events and the step's end, after side
-                # doors' events only, in one clock call that makes the record (inline here:
-                # the flusher runs this ~1,000 times a second on a fast loop).
+            first = len(events) - 6
+            # The usual microbatch: its five clock events and the step's end, after side doors'
+            # events only, in one clock call that makes the record (inline here, the names
+            # compared in C: the flusher runs this ~1,000 times a second on a fast loop).
+            if (
+                inject is None
+                and first >= 0
+                and tuple(map(_NAME, events[first:])) == self._usual_names
+                and (not first or self.side_doors.issuperset(map(_NAME, events[:first])))
+            ):
                 event = events[-1]  # a failure there is named after the step's end
-                first = len(events) - 6
                 fetch, h2d, forward, backward, stepped, end = events[first:]
-                side = events[:first]
-                usual = (fetch[0], h2d[0], forward[0], backward[0], stepped[0], end[0])
-                for each in side:
-                    if each[0] not in self.side_doors:
-                        usual = None
-                        break
-                if usual == self._usual_names:
-                    session = self.session
-                    if session.life.state is not TRACING:
-                        return None  # logged before tracing stopped (a limit, a failure)
-                    _, now, global_step, epoch, rss, cost = end
-                    record = session.clock.usual_record(
-                        fetch, h2d, forward, backward, stepped, now, global_step, epoch
-                    )
-                    if record is not None:
-                        doors = self.doors
-                        for event in side:  # a failure in one is named after its door
-                            doors[event[0]](*event[1:])
-                        event = end  # and one in the counts after the step's end
-                        return self._written(record, record, rss, cost)  # the fields: its own
+                session = self.session
+                if session.life.state is not TRACING:
+                    return None  # logged before tracing stopped (a limit, a failure)
+                _, now, global_step, epoch, rss, cost = end
+                record = session.clock.usual_record(
+                    fetch, h2d, forward, backward, stepped, now, global_step, epoch
+                )
+                if record is not None:
+                    doors = self.doors
+                    for event in events[:first]:  # a failure in one is named after its door
+                        doors[event[0]](*event[1:])
+                    event = end  # and one in the counts after the step's end
+                    return self._written(record, record, rss, cost)  # the fields: its own
             doors = self.doors
             for event in events:  # the step's end (the last one) makes its records
                 if inject is not None and event[0] == inject:
