@@ -172,11 +172,40 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
                 f"  added per batch by the {label} batch: median "
                 f"{statistics.median(added):.1f} us (min {min(added):.1f}, max {max(added):.1f})"
             )
+    quiet = quiet_pairs(runs)
+    if quiet:
+        added = [added_us[index] for index in quiet]
+        print(
+            f"  added per batch over the quiet pairs ({len(quiet)} of {len(runs)}: both runs' p25 "
+            f"batch within {QUIET:.0%} of their variant's best): median "
+            f"{statistics.median(added):.1f} us (min {min(added):.1f}, max {max(added):.1f})"
+        )
     print(
         f"  traceml_us in the records (median over runs): median step {own_us:.1f} us, "
         f"mean step {own_mean_us:.1f} us"
     )
     return {"ratio": ratio, "added_us": statistics.median(added_us), "steps": steps}
+
+
+# A run whose p25 batch is more than this above the best p25 of its variant in the same
+# invocation ran in one of this VM's slow spells (every batch slower: 10-60% for seconds).
+QUIET = 0.05
+
+
+def quiet_pairs(runs: list[tuple[dict[str, float], dict[str, float]]]) -> list[int]:
+    """The pairs whose two runs both ran outside a slow spell, judged by each run's p25 batch
+    against the best of its own variant (never against the other variant: traceml's cost
+    cannot make a pair quiet or not). Empty without p25 timers."""
+    if not runs or not all("p25_seconds" in p and "p25_seconds" in t for p, t in runs):
+        return []
+    best_plain = min(p["p25_seconds"] / p["batches"] for p, _ in runs)
+    best_traced = min(t["p25_seconds"] / t["batches"] for _, t in runs)
+    return [
+        index
+        for index, (p, t) in enumerate(runs)
+        if p["p25_seconds"] / p["batches"] <= best_plain * (1 + QUIET)
+        and t["p25_seconds"] / t["batches"] <= best_traced * (1 + QUIET)
+    ]
 
 
 def own_cost_us(logs: Path, runs: str = "*", per_run=statistics.median) -> float:
