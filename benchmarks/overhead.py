@@ -175,10 +175,12 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
     quiet = quiet_pairs(runs)
     if quiet:
         added = [added_us[index] for index in quiet]
+        others = [f"{added_us[i]:.1f}" for i in range(len(runs)) if i not in quiet]
         print(
             f"  added per batch over the quiet pairs ({len(quiet)} of {len(runs)}: both runs' p25 "
             f"batch within {QUIET:.0%} of their variant's best): median "
-            f"{statistics.median(added):.1f} us (min {min(added):.1f}, max {max(added):.1f})"
+            f"{statistics.median(added):.1f} us (min {min(added):.1f}, max {max(added):.1f}); "
+            f"the other pairs: {', '.join(others) or '-'}"
         )
     print(
         f"  traceml_us in the records (median over runs): median step {own_us:.1f} us, "
@@ -194,8 +196,11 @@ QUIET = 0.05
 
 def quiet_pairs(runs: list[tuple[dict[str, float], dict[str, float]]]) -> list[int]:
     """The pairs whose two runs both ran outside a slow spell, judged by each run's p25 batch
-    against the best of its own variant (never against the other variant: traceml's cost
-    cannot make a pair quiet or not). Empty without p25 timers."""
+    against the best of its own variant (never against the other variant, so a constant cost
+    of traceml's cannot make a pair quiet or not; one that varied from run to run would be
+    filtered like a slow spell, hence the other pairs are printed too). A spell shorter than
+    three quarters of a run leaves the p25 batch as it is: such a pair counts as quiet.
+    Empty without p25 timers."""
     if not runs or not all("p25_seconds" in p and "p25_seconds" in t for p, t in runs):
         return []
     best_plain = min(p["p25_seconds"] / p["batches"] for p, _ in runs)

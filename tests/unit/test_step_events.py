@@ -39,13 +39,17 @@ USUAL = (FETCH, H2D, FORWARD, BACKWARD, STEPPED)
 
 
 class Ticks:
-    """The session's clock, deterministic: each read a given value."""
+    """The session's clock, deterministic: each read a given value (``step`` ns later than
+    the read before it when ``step`` is set)."""
 
     def __init__(self) -> None:
         self.now = 0
+        self.step = 0
 
     def __call__(self) -> int:
-        return self.now
+        now = self.now
+        self.now += self.step
+        return now
 
 
 @pytest.fixture
@@ -221,6 +225,18 @@ def test_the_end_door_writes_what_the_step_end_writes(tmp_path, ticks, seed):
     assert by_end_door == by_batch_ended
 
 
+def test_the_end_door_counts_its_own_time(tmp_path, ticks):
+    # As the guard counted the callback's hook: the door's time is traceml's own cost.
+    session = started(tmp_path, "end-cost", True)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(5)]
+    before = session.own_cost_ns
+    ticks.step = 7  # each clock read 7 ns after the one before
+    drive(session, ticks, plan, set(), trackers_end(session))
+    assert session.own_cost_ns - before == 7 * len(
+        plan
+    )  # one read at the door's start, one at its end
+
+
 def test_a_failure_in_the_end_door_turns_tracing_off_and_never_reaches_training(
     tmp_path, ticks, monkeypatch
 ):
@@ -242,26 +258,30 @@ def test_a_failure_in_the_end_door_turns_tracing_off_and_never_reaches_training(
     assert warnings == [
         "tracing disabled: t.end failed (RuntimeError: tracker broke); training continues untraced"
     ]
+    queued = len(session.recorder.sink._queue)
     drive(session, ticks, plan[5:], set(), ended)  # after it: nothing raised, nothing queued
+    assert len(session.recorder.sink._queue) == queued
     session.close()
     assert len(steps_in(session)) == 3  # the steps before it, each once
 
 
+@pytest.mark.parametrize("end", ["batch_ended", "end_door"])
 def test_a_failure_found_in_the_replay_turns_tracing_off_at_the_next_step_end(
-    tmp_path, ticks, monkeypatch
+    tmp_path, ticks, monkeypatch, end
 ):
     warnings = []
     monkeypatch.setattr(console, "warn", lambda message, **_: warnings.append(message))
-    session = started(tmp_path, "fail", True)
+    session = started(tmp_path, f"fail-{end}", True)
+    ended = trackers_end(session) if end == "end_door" else None
     plan, _ = plan_of(1, microbatches=10)
-    drive(session, ticks, plan[:4], set())
+    drive(session, ticks, plan[:4], set(), ended)
     session.settle()
     kept = len(steps_in(session))
     monkeypatch.setattr(guard, "_inject", FORWARD)
-    drive(session, ticks, plan[4:6], set())
+    drive(session, ticks, plan[4:6], set(), ended)
     session.recorder.flush()  # as the flusher would, between two steps
     assert session.life.state is not DISABLED  # found on the flusher: acted on at a step's end
-    drive(session, ticks, plan[6:7], set())
+    drive(session, ticks, plan[6:7], set(), ended)
     assert session.life.state is DISABLED
     assert session.event_log is not None and not session._undo  # the doors came off
     session.close()
@@ -275,14 +295,16 @@ def test_a_failure_found_in_the_replay_turns_tracing_off_at_the_next_step_end(
     assert any(r.get(schema.CODE) == schema.EVENT_DISABLED for r in records)
 
 
-def test_the_step_limit_is_reached_on_the_flusher_and_the_doors_come_off(tmp_path, ticks):
-    session = started(tmp_path, "limit", True, trace_max_steps=3)
+@pytest.mark.parametrize("end", ["batch_ended", "end_door"])
+def test_the_step_limit_is_reached_on_the_flusher_and_the_doors_come_off(tmp_path, ticks, end):
+    session = started(tmp_path, f"limit-{end}", True, trace_max_steps=3)
+    ended = trackers_end(session) if end == "end_door" else None
     plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(8)]
-    drive(session, ticks, plan[:5], set())
+    drive(session, ticks, plan[:5], set(), ended)
     session.recorder.flush()
-    drive(session, ticks, plan[5:6], set())
+    drive(session, ticks, plan[5:6], set(), ended)
     assert session.life.state is DONE
-    drive(session, ticks, plan[6:], set())  # the wrappers are gone in real training
+    drive(session, ticks, plan[6:], set(), ended)  # the wrappers are gone in real training
     session.train_ended(0)
     session.close()
     records = records_in(session)

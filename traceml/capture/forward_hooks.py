@@ -174,7 +174,8 @@ def call_before_method(
     module: Any, name: str, before: Callable[..., Any], *before_args: Any
 ) -> Callable[[], None]:
     """``before(*before_args)`` at each call of ``module``'s ``name`` method, just before the
-    method runs (``before`` must never raise: a guarded entry point); the undo. An
+    method runs (``before`` must never raise: a guarded entry point, or a function that
+    catches its own failures); the undo. An
     instance-level attribute that no copy of the module carries, as the forward's. Only where
     :func:`can_wrap_forward` says so for ``name``."""
     module_ref = weakref.ref(module)

@@ -158,12 +158,7 @@ class RankSink:
             start = time.perf_counter_ns()
             chunks = []
             # Bound once: the flusher runs this loop ~1,000 times a second on a fast loop.
-            popleft, add, on_event, encode = (
-                queue.popleft,
-                chunks.append,
-                self.on_event,
-                self._encode,
-            )
+            popleft, add, encode = queue.popleft, chunks.append, self._encode
             try:
                 while queue:  # deque.popleft is atomic: a record appended meanwhile stays queued
                     item = popleft()
@@ -172,7 +167,7 @@ class RankSink:
                         add(item)
                         continue
                     if kind is tuple:  # a step's door events: their replay never raises
-                        item = on_event(item)
+                        item = self.on_event(item)  # read here: replay_with may set it now
                         if item is None:
                             continue
                         if type(item) is list:

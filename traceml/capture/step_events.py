@@ -85,8 +85,8 @@ class EventReplay:
     # -- the training thread -----------------------------------------------------------------
 
     def step_ended(self, global_step: Any, epoch: Any) -> None:
-        """A microbatch's end (:meth:`Session.batch_ended`; the Lightning callback calls it
-        itself: one frame less on the training thread): its event carries what must be read
+        """A microbatch's end (:meth:`Session.batch_ended`, or the Lightning callback's hook
+        where :meth:`step_end_door` is not used): its event carries what must be read
         now (the clock, RSS at most every ``RSS_EVERY_NS``, traceml's cost so far), and the
         step's events go to the sink, whose flusher closes the step."""
         session = self.session
@@ -108,8 +108,8 @@ class EventReplay:
         """:meth:`step_ended` as the one frame that a wrapper calls just before Lightning's
         ``on_train_batch_end`` (``ended(*ignored)``), the global step and the epoch read at
         the call from ``steps.completed`` and ``epochs.completed`` (Lightning's progress
-        trackers). Not a guarded entry point, which would be three frames more a step and two
-        clock reads: its failure turns tracing off as the guard's would, naming the step's
+        trackers). Not a guarded entry point, which would be three frames more a step and a
+        clock read more: its failure turns tracing off as the guard's would, naming the step's
         end door. An injected fault there is raised by the replay, as for the other doors."""
         session, end_door, owners = self.session, self.end_door, self.session.cost_owners
         pending, queue, queued, sink = self.pending, self._queue, self._queued, self.sink

@@ -29,10 +29,10 @@ only honoured while a training microbatch is open.
 Who does what: ``lightning_attach`` gives the first training fit of the process this callback;
 the callback only translates Lightning's hooks into boundaries of a
 :class:`~traceml.capture.session.Session` (which owns the clock, the parts and the rank file);
-``lightning_instruments`` installs the fetcher / transfer / backward / forward / optimizer step
-instruments.
-Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``): a
-failure inside traceml turns tracing off with one warning and never reaches the user.
+``lightning_instruments`` installs the fetcher, transfer, backward, forward, optimizer step.
+Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``) or
+catches its own failures as one (``step_events.step_end_door``): a failure inside traceml
+turns tracing off with one warning and never reaches the user.
 """
 
 from __future__ import annotations
@@ -219,9 +219,9 @@ class StepTiming:
     def optimizer_stepped(self) -> None:
         self.session.optimizer_ended()
 
-    # Called just before the module's on_train_batch_end (_end_steps_before_module_hook), or
-    # as a callback hook where the module's cannot be wrapped. Per step although it takes the
-    # telemetry sampler's queue through that door (telemetry.collect, once a second): the
+    # Just before the module's on_train_batch_end (_end_steps_before_module_hook; one-door
+    # timing calls the replay's step_end_door there instead), else as a callback hook. Per step
+    # though it takes the telemetry sampler's queue (telemetry.collect, once a second): the
     # sampler's own_cost_ns is no part of traceml_us, so nothing is counted twice.
     @entry_point(
         END_DOOR,

@@ -218,7 +218,8 @@ class Instruments:
         self._undo.append(undo)
 
     def end_steps_before_module_hook(self, trainer: Any, pl_module: Any, ended: Any) -> bool:
-        """Call ``ended(trainer, None)`` (the callback's guarded batch-end hook) just
+        """Call ``ended(trainer, None)`` (the callback's guarded batch-end hook, or the
+        replay's ``step_end_door``, which catches its own failures) just
         before ``pl_module.on_train_batch_end`` instead of as a callback hook; False where the
         module's hook cannot be wrapped."""
         if not can_wrap_forward(pl_module, "on_train_batch_end"):
