@@ -67,7 +67,7 @@ class EventReplay:
         self.session = session
         self.doors = {**doors, end_door: self._step_end}
         self.end_door = end_door
-        self.usual = usual
+        # The usual step's six names in order; None: every step event by event.
         self._usual_names = None if usual is None else (*usual, end_door)
         # Doors that count on their own and never touch the clock (the DataLoader's batch).
         self.side_doors: set[str] = set()
