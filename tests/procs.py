@@ -88,6 +88,25 @@ def rank_records(run_dir: Path, rank: int = 0) -> list[dict]:
     return read_records(run_dir / "ranks" / f"rank_{rank}.jsonl")
 
 
+def steps_written(path: Path) -> int:
+    """Steps on disk so far, for a test that waits on a running process's rank file: a rows
+    line (rank schema 3.0) counts its rows; a line still being written is not counted."""
+    import orjson
+
+    if not path.exists():
+        return 0
+    count = 0
+    for line in path.read_bytes().splitlines():
+        if b'"kind":"step"' in line:
+            count += 1
+        elif b'"kind":"steps"' in line:
+            try:
+                count += len(orjson.loads(line)["rows"])
+            except orjson.JSONDecodeError:
+                pass
+    return count
+
+
 def steps_of(records: list[dict]) -> list[dict]:
     return [r for r in records if r["kind"] == "step"]
 

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from traceml import schema
+from traceml.step_rows import row_records
 
 _PHASE_KEYS = {
     "input": schema.INPUT_WAIT,
@@ -180,3 +181,16 @@ def _meet_in_backward(phases_per_rank: list[list[dict[str, float]]]) -> None:
             s["comm_backward"] = last - arrivals[rank] + transfer
             s["backward"] = max(0.0, own_backward[rank]) + s["comm_backward"]
             carried[rank] = s.get("optimizer", 0.0) + s.get("residual", 0.0)
+
+
+def lines_as_written(path: Path) -> list[dict[str, Any]]:
+    """A rank file's records as traceml wrote them, one per step: a rows line (rank schema
+    3.0, ``step_rows``) stands for its steps' records, short keys and all."""
+    records: list[dict[str, Any]] = []
+    for line in Path(path).read_bytes().splitlines():
+        record = orjson.loads(line)
+        if record.get(schema.KIND) == schema.KIND_STEP_ROWS:
+            records.extend(dict(step) for step in row_records(record))
+        else:
+            records.append(record)
+    return records

@@ -7,9 +7,10 @@ MAJOR with a one-line error.
 
 from __future__ import annotations
 
-# 1.2: "sample" records (telemetry); 1.3: compact steps; 2.0: short step keys (STEP_KEYS). A
-# major because a reader of 1.x would find no step in a 2.0 file rather than refuse it.
-RANK_SCHEMA = "traceml.rank/2.0"
+# 1.2: "sample" records (telemetry); 1.3: compact steps; 2.0: short step keys (STEP_KEYS); 3.0:
+# usual steps many to a line (KIND_STEP_ROWS). Majors because an older reader would find no
+# step (2.0) or miss most of them (3.0) rather than refuse the file.
+RANK_SCHEMA = "traceml.rank/3.0"
 SUMMARY_SCHEMA = "traceml.summary/1.3"  # 1.2: telemetry per rank; 1.3: "exactness"
 COMPARISON_SCHEMA = "traceml.comparison/2.0"
 MANIFEST_SCHEMA = "traceml.manifest/1.0"
@@ -23,6 +24,15 @@ KIND_FOOTER = "footer"
 # Low rate (once per epoch): what the training DataLoader's workers (or the main process, with
 # num_workers=0) spent per batch in __getitem__, collate_fn and idle; worker start-up.
 KIND_INPUT = "input"
+# Rank schema 3.0: the usual steps of one flush (one-door timing), as the door events'
+# integers, one row a step; readers make the step records (traceml/step_rows.py).
+KIND_STEP_ROWS = "steps"
+ROWS = "rows"
+ROWS_ORIGIN_NS = "origin_ns"  # the clock's origin: a row's t_ms counts from it
+ROWS_FIRST_STEP = "first_step"  # the first row's step index
+ROWS_LAST_END_NS = "last_end_ns"  # the end of the step before the first row (its gap_ms)
+ROWS_COST_NS = "cost_ns"  # traceml's cost reported up to the step before the first row
+ROWS_WRITE_NS = "write_ns"  # the flusher's write time, counted in the first row's traceml_us
 
 # Phases of one optimizer step, in the order they happen; residual is what none of them covers.
 INPUT_WAIT = "input_wait_ms"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import PYTHON, SCRIPTS, rank_records, run, traced_env
+from procs import PYTHON, SCRIPTS, rank_records, run, steps_written, traced_env
 
 SCRIPT = SCRIPTS / "input_pipeline.py"
 # Long enough that the dataset's own work (random tensors, a fresh worker's first torch call)
@@ -157,7 +157,7 @@ def test_a_killed_training_leaves_no_counters_file(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if rank_file.exists() and b'"kind":"step"' in rank_file.read_bytes():
+            if steps_written(rank_file) >= 1:
                 break
             time.sleep(0.2)
         else:

@@ -12,7 +12,17 @@ import time
 import psutil
 import pytest
 
-from procs import PYTHON, TINY, clean_env, only_run_dir, rank_records, run, steps_of, traceml
+from procs import (
+    PYTHON,
+    TINY,
+    clean_env,
+    only_run_dir,
+    rank_records,
+    run,
+    steps_of,
+    steps_written,
+    traceml,
+)
 
 
 @pytest.fixture
@@ -130,7 +140,7 @@ def test_signal_gives_a_partial_report_and_no_orphans(tmp_path, tiny, sig, code)
     rank_file = tmp_path / "logs" / "term" / "ranks" / "rank_0.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if rank_file.exists() and rank_file.read_bytes().count(b'"kind":"step"') >= 4:
+        if steps_written(rank_file) >= 4:
             break
         time.sleep(0.1)
     assert len(leftovers(tmp_path)) >= 3  # launcher, script, two DataLoader workers

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import time
 
-import orjson
 import pytest
 
 from traceml import schema
@@ -18,10 +17,12 @@ from procs import (
     rank_records,
     run,
     steps_of,
+    steps_written,
     tiny_result,
     traced_env,
     warning_lines,
 )
+from rankfiles import lines_as_written
 
 
 def traced(tmp_path, **tiny):
@@ -121,7 +122,7 @@ def test_sigkill_keeps_every_completed_step(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if path.exists() and path.read_bytes().count(b'"kind":"step"') >= 5:
+            if steps_written(path) >= 5:
                 break
             time.sleep(0.05)
         else:
@@ -129,8 +130,7 @@ def test_sigkill_keeps_every_completed_step(tmp_path):
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
-    lines = path.read_bytes().splitlines()
-    records = [orjson.loads(line) for line in lines]  # every line parses
+    records = lines_as_written(path)  # every line parses
     steps = steps_of(rank_records(tmp_path / "logs" / "k"))
     assert len(steps) >= 5
     assert [s[schema.STEP_INDEX] for s in steps] == list(range(len(steps)))
@@ -161,12 +161,13 @@ def break_method(tmp_path, module: str, method: str, when: str, error: str):
 
 
 def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
-    # A sitecustomize on the path breaks the clock after two steps, as a traceml bug would
-    # (the usual step's one call, which every step after the first takes on a single CPU
-    # process: the break is found in the flusher's replay, the warning at the next step's end).
+    # A sitecustomize on the path breaks the clock where it counts the usual steps written as
+    # rows, as a traceml bug would (every step after the first goes as rows on a single CPU
+    # process: the break is found in the flusher's replay, the warning at the next step's end;
+    # the first step, written one by one before it, is kept).
     hooks = break_method(
-        tmp_path, "traceml.capture.step_clock", "StepClock.usual_record",
-        "self.steps_emitted >= 2", "ValueError('injected failure')",
+        tmp_path, "traceml.capture.step_clock", "StepClock.rows_closed",
+        "True", "ValueError('injected failure')",
     )  # fmt: skip
     env = traced_env(
         tmp_path / "logs",
@@ -181,7 +182,7 @@ def test_a_broken_callback_disables_tracing_and_training_finishes(tmp_path):
     assert len(warnings) == 1
     assert "tracing disabled" in warnings[0] and "injected failure" in warnings[0]
     records = rank_records(tmp_path / "logs" / "b")
-    assert len(steps_of(records)) == 2
+    assert len(steps_of(records)) == 1
     assert any(r.get("code") == "disabled" for r in records)
     assert records[-1]["status"] == "disabled"
 

@@ -19,6 +19,7 @@ import pytest
 from traceml import schema
 from traceml.capture.sink import FLUSH_INTERVAL_S
 from traceml.step_record import STEP_KEYS
+from traceml.step_rows import row_records
 
 from procs import PYTHON, SCRIPTS, traced_env
 
@@ -36,6 +37,8 @@ def steps_on_disk(path) -> list[int]:
             continue  # a last line cut by the kill (the reducer tolerates it too)
         if record.get("kind") == "step":
             steps.append(record[STEP_KEYS[schema.STEP_INDEX]])
+        elif record.get("kind") == schema.KIND_STEP_ROWS:  # the usual steps of one flush
+            steps.extend(row[STEP_KEYS[schema.STEP_INDEX]] for row in row_records(record))
     return steps
 
 

@@ -155,7 +155,7 @@ def test_a_2_0_file_declares_its_keys_and_reads_back_by_name(tmp_path):
         clock_origin_unix=0.0,
         timing="host",
     )
-    assert head[schema.SCHEMA] == "traceml.rank/2.0"
+    assert head[schema.SCHEMA] == "traceml.rank/3.0"
     assert head[schema.HEADER_STEP_KEYS] == {key: name for name, key in K.items()}
     _compact_run(tmp_path, comm=True)
     raw = orjson.loads((tmp_path / "ranks" / "rank_0.jsonl").read_bytes().splitlines()[1])
@@ -174,7 +174,7 @@ def test_a_1_3_file_of_long_names_still_reads(tmp_path):
     assert a == b and a["steps_recorded"] == 60
 
 
-@pytest.mark.parametrize("version", ["traceml.rank/3.0", "traceml.rank/0.9"])
+@pytest.mark.parametrize("version", ["traceml.rank/4.0", "traceml.rank/0.9"])
 def test_a_rank_schema_this_traceml_cannot_read_is_refused(tmp_path, version):
     from traceml.errors import ReduceError
 

@@ -176,11 +176,11 @@ def test_same_note_on_every_rank_is_said_once(tmp_path):
 
 
 def test_newer_schema_is_a_clear_error(tmp_path):
-    write_rank(tmp_path, 0, [header(schema="traceml.rank/3.0"), footer(0)])
+    write_rank(tmp_path, 0, [header(schema="traceml.rank/4.0"), footer(0)])
     with pytest.raises(ReduceError) as info:
         reduce_run(tmp_path)
-    assert "traceml.rank/3.0" in str(info.value)
-    assert "reads traceml.rank/2.x and older" in str(info.value)
+    assert "traceml.rank/4.0" in str(info.value)
+    assert "reads traceml.rank/3.x and older" in str(info.value)
 
 
 def test_not_a_rank_file_is_a_clear_error(tmp_path):

@@ -225,7 +225,7 @@ def test_a_steps_door_events_are_replayed_in_file_order_and_a_failure_halts(tmp_
     # record, or several, written where the tuple stood among the other records.
     seen = []
 
-    def on_event(events):
+    def on_event(events, queue):
         seen.append(events)
         if events[0] == "none":
             return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import orjson
 import pytest
 
 from traceml import console, schema
@@ -23,6 +22,8 @@ from traceml.capture.session import Session
 from traceml.capture.step_clock import StepClock
 from traceml.settings import Settings
 from traceml.step_record import STEP_KEYS
+
+from rankfiles import lines_as_written
 
 RANK = {
     schema.RANK: 0,
@@ -154,8 +155,7 @@ def drive(
 
 
 def steps_in(session: Session) -> list[dict]:
-    lines = session.recorder.sink.path.read_bytes().splitlines()
-    records = [orjson.loads(line) for line in lines]
+    records = lines_as_written(session.recorder.sink.path)
     return [
         {k: v for k, v in r.items() if k not in VARYING}
         for r in records
@@ -164,7 +164,7 @@ def steps_in(session: Session) -> list[dict]:
 
 
 def records_in(session: Session) -> list[dict]:
-    return [orjson.loads(line) for line in session.recorder.sink.path.read_bytes().splitlines()]
+    return lines_as_written(session.recorder.sink.path)
 
 
 def plan_of(seed: int, microbatches: int = 60) -> tuple[list[tuple], set[int]]:
@@ -184,12 +184,16 @@ def plan_of(seed: int, microbatches: int = 60) -> tuple[list[tuple], set[int]]:
 def test_the_replayed_events_write_the_records_the_inline_clock_writes(
     tmp_path, ticks, seed, usual, monkeypatch
 ):
-    # usual_record: most single-microbatch steps take StepClock.usual_record (one call, the
-    # record at once); the others (accumulation, an epoch's first step, side events) go event
-    # by event.
-    calls = []
+    # usual_record: most single-microbatch steps go as rows (EventReplay._rows, the record
+    # made by the reader) or take StepClock.usual_record (one call, the record at once); the
+    # others (accumulation, an epoch's first step, side events) go event by event.
+    calls, rows = [], []
     real = StepClock.usual_record
     monkeypatch.setattr(StepClock, "usual_record", lambda *a: calls.append(real(*a)) or calls[-1])
+    line = step_events.EventReplay._rows_line
+    monkeypatch.setattr(
+        step_events.EventReplay, "_rows_line", lambda s, r: rows.append(len(r)) or line(s, r)
+    )
     plan, epoch_ends = plan_of(seed)
     written, side = [], []
     for events in (False, True):
@@ -202,9 +206,9 @@ def test_the_replayed_events_write_the_records_the_inline_clock_writes(
     assert len(inline) >= 10
     assert replayed == inline
     assert side == [(index, plan[index][0]) for index in range(len(plan))]  # each once, in order
-    taken = [c for c in calls if c is not None]
-    assert (len(taken) >= 5) if usual else not calls
-    assert len(taken) < len(inline)  # and the others event by event
+    taken = len([c for c in calls if c is not None]) + sum(rows)
+    assert (taken >= 5 and sum(rows) >= 3) if usual else not (calls or rows)
+    assert taken < len(inline)  # and the others event by event
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -398,6 +402,14 @@ def test_a_failure_in_the_usual_steps_replay_is_named_after_the_door_that_failed
         return real(cost)
 
     monkeypatch.setattr(session, "cost_field", cost_field)
+    reported = session.costs_reported  # the rows line's count (EventReplay._rows_line)
+
+    def costs_reported(cost):
+        if broken == "counts" and session.recorder.steps_written >= 3:
+            raise RuntimeError("counts broke")
+        return reported(cost)
+
+    monkeypatch.setattr(session, "costs_reported", costs_reported)
     plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(6)]
     drive(session, ticks, plan, set())
     session.recorder.flush()

@@ -20,6 +20,7 @@ import orjson
 from traceml import schema
 from traceml.errors import ReduceError
 from traceml.step_record import STEP_FIELD_OF_KEY, STEP_KEYS, step_field_default
+from traceml.step_rows import row_records
 
 # Only the spelling traceml writes: "rank_01.jsonl" next to "rank_1.jsonl" would be two files
 # for one rank.
@@ -116,8 +117,33 @@ def parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
         StepView({_FIELD_OF_KEY.get(key, key): value for key, value in record.items()})
         if record is not None and record.get(schema.KIND) == schema.KIND_STEP
         else record
-        for record in _parse_chunk(lines)
+        for record in _with_rows_expanded(_parse_chunk(lines))
     ]
+
+
+def _with_rows_expanded(records: list[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    """Rows lines (rank schema 3.0) replaced by their step records; a damaged one by None."""
+    if not any(r is not None and r.get(schema.KIND) == schema.KIND_STEP_ROWS for r in records):
+        return records
+    expanded: list[dict[str, Any] | None] = []
+    for record in records:
+        if record is not None and record.get(schema.KIND) == schema.KIND_STEP_ROWS:
+            steps = _row_steps(record)
+            if steps is None:
+                expanded.append(None)
+            else:
+                expanded.extend(steps)
+        else:
+            expanded.append(record)
+    return expanded
+
+
+def _row_steps(record: dict[str, Any]) -> list[Any] | None:
+    """A rows line's step records; None for one that is not as traceml writes it."""
+    try:
+        return row_records(record)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 class StepView(dict):
@@ -196,33 +222,46 @@ def read_rank_file(path: Path, rank: int) -> RankRecords:
             _append_columns(columns, steps, data.compact)
             data.samples.extend(samples)
             continue
-        steps = []
-        for index, record in enumerate(parsed):
-            if record is None:
-                if start + index == total - 1 and not ends_cleanly:
-                    data.truncated_tail = True
-                else:
-                    data.bad_lines += 1
-                continue
-            kind = record.get(schema.KIND)
-            if kind == schema.KIND_STEP:
-                if record.get(_STEP_KEY) is None and record.get(schema.STEP) is None:
-                    data.bad_lines += 1
-                    continue
-                steps.append(record)
-            elif kind == schema.KIND_HEADER and data.header is None:
-                data.compact = _check_rank_schema(record, path)
-                data.header = record
-            elif kind == schema.KIND_EVENT:
-                data.events.append(record)
-            elif kind == schema.KIND_FOOTER:
-                data.footer = record
-            elif kind == schema.KIND_INPUT:
-                data.inputs.append({**record, schema.RANK: data.rank})
-            elif kind == schema.KIND_SAMPLE:
-                data.samples.append(record)
+        steps = _sort_records(data, parsed, start == total - len(parsed) and not ends_cleanly)
         _append_columns(columns, steps, data.compact)
     return data
+
+
+def _sort_records(data: RankRecords, parsed: list[dict[str, Any] | None], cut_tail: bool) -> list:
+    """A chunk's records put where they go in ``data``; its step records returned.
+    ``cut_tail``: the chunk holds the file's last line, which ends without a newline."""
+    steps = []
+    for index, record in enumerate(parsed):
+        if record is None:
+            if cut_tail and index == len(parsed) - 1:
+                data.truncated_tail = True
+            else:
+                data.bad_lines += 1
+            continue
+        kind = record.get(schema.KIND)
+        if kind == schema.KIND_STEP:
+            if record.get(_STEP_KEY) is None and record.get(schema.STEP) is None:
+                data.bad_lines += 1
+                continue
+            steps.append(record)
+        elif kind == schema.KIND_STEP_ROWS:
+            rows = _row_steps(record)
+            if rows is None:
+                data.bad_lines += 1
+            else:
+                steps.extend(rows)
+        elif kind == schema.KIND_HEADER and data.header is None:
+            data.compact = _check_rank_schema(record, data.path)
+            data.header = record
+        elif kind == schema.KIND_EVENT:
+            data.events.append(record)
+        elif kind == schema.KIND_FOOTER:
+            data.footer = record
+        elif kind == schema.KIND_INPUT:
+            data.inputs.append({**record, schema.RANK: data.rank})
+        elif kind == schema.KIND_SAMPLE:
+            data.samples.append(record)
+    return steps
 
 
 _pick_columns = operator.itemgetter(*_COLUMNS)

@@ -17,6 +17,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.step_record import STEP_KEYS, StepRecord
+from traceml.step_rows import usual_record
 
 _StepRecord = StepRecord
 # Record keys are rank schema 2.0's short ones (STEP_KEYS); phases stay long names.
@@ -193,60 +194,6 @@ class Group:
             record[_OPTIMIZER] = optimizer_us / 1000.0
         record[_RESIDUAL] = residual_us / 1000.0
         return record
-
-
-def usual_record(
-    clock: Any,
-    index: int,
-    global_step: int,
-    epoch: int,
-    start: int,
-    end: int,
-    last_end: int,
-    input_ns: int,
-    h2d: int,
-    forward: int,
-    backward: int,
-    optimizer: int,
-) -> StepRecord:
-    """The usual step's record (every phase measured, one microbatch that stepped, a step
-    before it, no comm fields): the record :meth:`Group._phases` makes, the same keys in the
-    same order, rounded the same way, in one dict display. The flusher builds ~1,000 of these a
-    second on a fast loop, holding the GIL that the training thread wants: from a closed step
-    (:meth:`Group.record`), or straight from the door events' integers
-    (``StepClock.usual_record``). An overlap (a negative Residual) is counted on ``clock``."""
-    step_ns = end - start
-    residual_ns = step_ns - input_ns - h2d - forward - backward - optimizer
-    if residual_ns < 0:
-        clock.overlaps += 1
-        step_ns -= residual_ns
-    input_us = (input_ns + 500) // 1000
-    h2d_us = (h2d + 500) // 1000
-    forward_us = (forward + 500) // 1000
-    backward_us = (backward + 500) // 1000
-    optimizer_us = (optimizer + 500) // 1000
-    step_us = (step_ns + 500) // 1000
-    residual_us = step_us - input_us - h2d_us - forward_us - backward_us - optimizer_us
-    if residual_us < 0:  # rounding only: the overlap case was handled in ns
-        step_us -= residual_us
-        residual_us = 0
-    return _StepRecord(
-        {
-            _KIND: _KIND_STEP,
-            _STEP_INDEX: index,
-            _GLOBAL_STEP: global_step,
-            _EPOCH: epoch,
-            _T_START: ((start - clock.origin_ns + 500) // 1000) / 1000.0,
-            _GAP: ((start - last_end + 500) // 1000) / 1000.0,
-            _STEP: step_us / 1000.0,
-            _INPUT_WAIT: input_us / 1000.0,
-            _H2D: h2d_us / 1000.0,
-            _FORWARD: forward_us / 1000.0,
-            _BACKWARD: backward_us / 1000.0,
-            _OPTIMIZER: optimizer_us / 1000.0,
-            _RESIDUAL: residual_us / 1000.0,
-        }
-    )
 
 
 def _comm_fields(record: dict[str, Any], group: Group, residual_ns: int) -> None:

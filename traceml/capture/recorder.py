@@ -119,6 +119,21 @@ class RankRecorder:
             self.limit_reached = True
         return True
 
+    def count_rows(self, count: int) -> tuple[int, int]:
+        """:meth:`count_step` for ``count`` usual steps written as one rows line
+        (``step_rows``): how many may be written (fewer at ``trace_max_steps``), and the
+        flusher's write time (ns) that the first one's cost field counts."""
+        if self.limit_reached or self.footer_written:
+            return 0, 0
+        limit = self._step_limit
+        if limit is not None and self.steps_written + count >= limit:
+            count = limit - self.steps_written
+            self.limit_reached = True
+        self.steps_written += count
+        written = self.sink.write_ns
+        write_ns, self._write_ns_counted = written - self._write_ns_counted, written
+        return count, write_ns
+
     def _count_write_time(self, record: Any, written: int) -> None:
         """The rank file is written on the flusher thread, outside every entry point: that is
         traceml's cost too, counted with the step that follows it (about every 100 ms)."""

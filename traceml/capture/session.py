@@ -294,6 +294,11 @@ class Session:
         self._cost_reported_ns = cost
         return field
 
+    def costs_reported(self, cost: int) -> int:
+        """The cost reported so far, now ``cost`` (a rows line's steps report theirs)."""
+        before, self._cost_reported_ns = self._cost_reported_ns, cost
+        return before
+
     def _write_step(self, record: Any) -> None:
         recorder = self.recorder
         if recorder is not None and self.life.state in (TRACING, DONE):

@@ -167,7 +167,7 @@ class RankSink:
                         add(item)
                         continue
                     if kind is tuple:  # a step's door events: their replay never raises
-                        item = self.on_event(item)  # read here: replay_with may set it now
+                        item = self.on_event(item, queue)  # read here: replay_with sets it
                         if item is None:
                             continue
                         if type(item) is list:

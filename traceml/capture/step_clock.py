@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceml import schema
-from traceml.capture.closed_step import ClosedStep, Group, usual_record
+from traceml.capture.closed_step import ClosedStep, Group
 from traceml.step_record import StepRecord
+from traceml.step_rows import usual_record
 
 NS_PER_MS = 1_000_000
 # RSS (a procfs read, ~7 us, rss_reader) at most this often at a step's end (null between).
@@ -277,24 +278,13 @@ class StepClock:
     ) -> StepRecord | None:
         """The usual one-door microbatch in one call, its record at once: ``fetched``,
         ``transferred``, ``forward_timed``, ``backward_timed``, ``optimizer_ended``,
-        :meth:`batch_closed` and the closed step's record (``closed_step.usual_record``), each
+        :meth:`batch_closed` and the closed step's record (``step_rows.usual_record``), each
         phase an event ``(name, start, end)`` (the optimizer's ``(name, end)``), the same
         arithmetic on the same integers (a unit test holds the two paths equal), without a
-        closed step in between: the flusher's replay of a fast loop makes ~1,000 a second.
-        None where the clock is not between steps (an open group, an epoch's iterator to
-        count, not ``optimizer_from_backward``) or the record is not the usual one (the first
-        step, comm fields): the caller makes the calls one by one."""
+        closed step in between. None where not :meth:`usual_ready` or the record is not the
+        usual one (the first step, comm fields): the caller makes the calls one by one."""
         last_end = self._last_end_ns
-        if (
-            last_end is None
-            or global_step is None
-            or epoch is None
-            or self._group is not None
-            or self._micro is not None
-            or self._pending_iter is not None
-            or self.comm_enabled
-            or not self.optimizer_from_backward
-        ):
+        if global_step is None or epoch is None or not self.usual_ready():
             return None
         index = self.steps_emitted
         self.steps_emitted = index + 1
@@ -316,6 +306,26 @@ class StepClock:
             backward_end - backward[1],
             optimizer if optimizer > 0 else 0,
         )
+
+    def usual_ready(self) -> bool:
+        """Whether the usual step's record may be made from its events alone (a state that
+        the usual step leaves as it found it)."""
+        return (
+            self._last_end_ns is not None
+            and self._group is None
+            and self._micro is None
+            and self._pending_iter is None
+            and not self.comm_enabled
+            and self.optimizer_from_backward
+        )
+
+    def rows_closed(self, count: int, last_end_ns: int) -> tuple[int, int]:
+        """``count`` usual steps closed at once (written as a rows line, ``step_rows``), the
+        last ending at ``last_end_ns``: the first one's index, the end of the step before."""
+        index, before = self.steps_emitted, self._last_end_ns
+        self.steps_emitted = index + count
+        self._last_end_ns = last_end_ns
+        return index, before  # type: ignore[return-value]
 
     def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None

@@ -28,6 +28,7 @@ a phase's start needs a door (a CUDA event, a collective's phase), the doors cal
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -42,6 +43,8 @@ _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
 _OWN_COST = attrgetter("own_cost_ns")
 _NAME = itemgetter(0)  # an event's door
+_FIELDS = itemgetter(slice(1, None))  # an event's fields
+_joined = chain.from_iterable
 
 
 class EventReplay:
@@ -171,7 +174,9 @@ class EventReplay:
         self.doors[name] = count
         self.side_doors.add(name)
 
-    def __call__(self, events: tuple[tuple[Any, ...], ...]) -> Any:
+    def __call__(self, events: tuple[tuple[Any, ...], ...], queue: Any = None) -> Any:
+        """``events``: one step's; ``queue``: the sink's, whose next steps, if usual, are
+        written with this one as one rows line (:meth:`_rows`)."""
         if self.failure is not None:
             return None
         inject = guard._inject  # TRACEML_FAULT_INJECT: a door raises, as a guarded one would
@@ -192,6 +197,10 @@ class EventReplay:
                 session = self.session
                 if session.life.state is not TRACING:
                     return None  # logged before tracing stopped (a limit, a failure)
+                if queue is not None and self._rows_ready():
+                    line = self._rows(events, queue)
+                    if line is not None or self.failure is not None:
+                        return line
                 _, now, global_step, epoch, rss, cost = end
                 record = session.clock.usual_record(
                     fetch, h2d, forward, backward, stepped, now, global_step, epoch
@@ -212,6 +221,83 @@ class EventReplay:
             self.sink.halted = True  # the training thread turns tracing off
             return None
         return made
+
+    def _rows_ready(self) -> bool:
+        """Whether the usual steps from here on may go as rows: the clock between steps as
+        they leave it, no RSS carried over, no telemetry samples waiting to be placed."""
+        telemetry = self.session.telemetry
+        return (
+            self._carried_rss is None
+            and (telemetry is None or not telemetry.pending)
+            and self.session.clock.usual_ready()
+        )
+
+    def _rows(self, events: tuple[tuple[Any, ...], ...], queue: Any) -> Any:
+        """``events`` (a usual step's) and the usual steps queued after it, as one rows line
+        (``step_rows``): each step's door events' integers, its side doors counted. Per step
+        only C calls and a few compares: the record arithmetic is the reader's. Stops at the
+        first step that is not usual, or whose timestamps are out of order (phases that
+        overlap, counted by the clock) or steps are unknown; None where ``events`` is such
+        a step (nothing done), or where its side door failed (``failure`` set)."""
+        session = self.session
+        telemetry, life = session.telemetry, session.life
+        names, sides, doors = self._usual_names, self.side_doors, self.doors
+        rows: list[tuple[Any, ...]] = []
+        add = rows.append
+        event = events[-1]
+        first = len(events) - 6
+        try:
+            # The steps queued now at most, after the one in hand: a line stays ~200 KB at
+            # most (MAX_QUEUED rows), and steps queued meanwhile go in the next line.
+            for peek in range(len(queue) + 1):
+                if peek:
+                    events = queue[0]  # only the flusher takes from the queue: still there
+                    first = len(events) - 6 if type(events) is tuple else -1
+                    if (
+                        first < 0
+                        or tuple(map(_NAME, events[first:])) != names
+                        or (first and not sides.issuperset(map(_NAME, events[:first])))
+                        or life.state is not TRACING
+                        or (telemetry is not None and telemetry.pending)
+                    ):
+                        break
+                row = tuple(_joined(map(_FIELDS, events[first:])))
+                times = row[:10]
+                if None in row[10:12] or times != tuple(sorted(times)):
+                    break
+                if peek:
+                    queue.popleft()
+                for event in events[:first]:  # a failure in one is named after its door
+                    doors[event[0]](*event[1:])
+                add(row)
+        except Exception as exc:
+            self.failure = (event[0], exc)
+            self.sink.halted = True  # the training thread turns tracing off
+        return self._rows_line(rows) if rows else None
+
+    def _rows_line(self, rows: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+        """The rows line of ``rows`` (the sink encodes it), its steps counted: by the clock
+        (their indexes, the last one's end), the session (their cost) and the rank file (the
+        step limit: the rows past it are dropped)."""
+        session = self.session
+        recorder, clock = session.recorder, session.clock
+        count, write_ns = recorder.count_rows(len(rows))
+        last = rows[-1]
+        first_step, last_end = clock.rows_closed(len(rows), last[9])
+        cost_ns = session.costs_reported(last[13])
+        if recorder.limit_reached:
+            self.sink.halted = True  # the training thread takes the doors away
+        if not count:
+            return None
+        return {
+            schema.KIND: schema.KIND_STEP_ROWS,
+            schema.ROWS_ORIGIN_NS: clock.origin_ns,
+            schema.ROWS_FIRST_STEP: first_step,
+            schema.ROWS_LAST_END_NS: last_end,
+            schema.ROWS_COST_NS: cost_ns,
+            schema.ROWS_WRITE_NS: write_ns,
+            schema.ROWS: rows if count == len(rows) else rows[:count],
+        }
 
     def _step_end(self, now: int, global_step: Any, epoch: Any, rss: Any, cost: int) -> Any:
         """The session's ``_emit`` for a replayed step's end: the step closed, its RSS and cost

@@ -1,0 +1,203 @@
+"""Rows lines (rank schema 3.0, traceml.step_rows): the usual steps of one flush written as
+their door events' integers, the records made by the reader.
+
+Held to the records the flusher made one by one (every field, traceml's cost and RSS too),
+on a real session and rank file; and the reader's side: a damaged or cut rows line is a bad
+line or a cut tail, never a traceback. (On real Lightning: test_attribution.py and
+test_lightning_capture.py read rows lines back.)
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from test_step_events import USUAL, Ticks, drive, plan_of, records_in, started
+
+from traceml import schema
+from traceml.analysis.rankfile import read_rank_file, read_records
+from traceml.capture import session as session_module
+from traceml.capture import step_events
+from traceml.capture.sink import RankSink
+from traceml.step_record import STEP_KEYS
+from traceml.step_rows import row_records
+
+
+@pytest.fixture
+def ticks(monkeypatch):
+    clock = Ticks()  # as test_step_events' fixture
+    monkeypatch.setattr(session_module, "clock_ns", clock)
+    monkeypatch.setattr(step_events, "clock_ns", clock)
+    return clock
+
+
+@pytest.fixture
+def no_flusher(monkeypatch):
+    """No flusher thread: the tests' flushes are the only ones, lines fall where they say."""
+    monkeypatch.setattr(RankSink, "_start_flusher", lambda self: None)
+
+
+def _run(tmp_path, name, ticks, rows: bool, seed: int) -> list[dict]:
+    session = started(tmp_path, name, True, USUAL)
+    if not rows:
+        session.replay._rows_ready = lambda: False
+    readings = iter(range(1, 10**6))
+    session._rss = lambda: next(readings)
+    plan, _ = plan_of(seed, microbatches=90)
+
+    def ended(global_step, epoch):
+        session.own_cost_ns += 37_000 + global_step % 4 * 10_000  # traceml's cost, varying
+        session.batch_ended(global_step, epoch)
+
+    for part in (plan[:30], plan[30:31], plan[31:70], plan[70:]):
+        drive(session, ticks, part, set(), ended)
+        session.recorder.flush()
+        session.recorder.sink.write_ns += 1_234_567  # as if the flusher had written it
+    session.train_ended(0)
+    session.close()
+    return [r for r in records_in(session) if r[schema.KIND] in (schema.KIND_STEP, "footer")]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_write_the_records_the_flusher_made_one_by_one(
+    tmp_path, ticks, no_flusher, monkeypatch, seed
+):
+    one_by_one = _run(tmp_path, f"one{seed}", ticks, False, seed)
+    lines = []
+    real = step_events.EventReplay._rows_line
+    monkeypatch.setattr(
+        step_events.EventReplay, "_rows_line", lambda s, r: lines.append(len(r)) or real(s, r)
+    )
+    as_rows = _run(tmp_path, f"rows{seed}", ticks, True, seed)
+    assert len(lines) >= 3 and sum(lines) >= 20  # most steps went as rows
+    steps = [r for r in as_rows if r.get(schema.KIND) == schema.KIND_STEP]
+    assert sum(STEP_KEYS[schema.RSS] in r for r in steps) >= 5
+    assert len({r[STEP_KEYS[schema.TRACEML_COST_US]] for r in steps}) >= 3
+    assert as_rows[:-1] == one_by_one[:-1]
+    assert as_rows[-1][schema.STEPS] == one_by_one[-1][schema.STEPS] == len(steps)
+
+
+def _rows_file(tmp_path, ticks) -> tuple:  # with no_flusher
+    session = started(tmp_path, "reader", True, USUAL)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(12)]
+    drive(session, ticks, plan, set())
+    session.train_ended(0)
+    session.close()
+    path = session.recorder.sink.path
+    lines = path.read_bytes().splitlines()
+    rows = [i for i, line in enumerate(lines) if b'"kind":"steps"' in line]
+    assert len(rows) == 1, "the 11 steps after the first as one rows line"
+    return path, lines, rows[0]
+
+
+def test_the_reader_makes_the_rows_steps_in_order(tmp_path, ticks, no_flusher):
+    path, _, _ = _rows_file(tmp_path, ticks)
+    data = read_rank_file(path, 0)
+    assert data.bad_lines == 0 and not data.truncated_tail
+    assert data.columns[schema.GLOBAL_STEP] == list(range(1, 13))
+    assert data.columns[schema.STEP_INDEX] == list(range(12))
+    steps = [r for r in read_records(path) if r and r[schema.KIND] == schema.KIND_STEP]
+    assert [r[schema.FORWARD] for r in steps] == [0.0] * 12  # 30 ns
+    assert [r[schema.GAP_MS] for r in steps[1:]] == [100.0] * 11  # 1e8 - 210 ns
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda line: line[: len(line) // 2],  # cut in two
+        lambda line: line.replace(b'"first_step"', b'"first"'),  # a key missing
+        lambda line: line.replace(b"[[", b"[[1,").replace(b"],[", b"],[1,"),  # rows too long
+        lambda line: line.replace(b'"origin_ns":0', b'"origin_ns":"x"'),  # a value of a bad type
+    ],
+)
+def test_a_damaged_rows_line_is_a_bad_line_and_the_rest_is_read(
+    tmp_path, ticks, no_flusher, damage
+):
+    path, lines, at = _rows_file(tmp_path, ticks)
+    lines[at] = damage(lines[at])
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    data = read_rank_file(path, 0)
+    assert data.bad_lines == 1 and data.step_count == 1 and data.footer is not None
+    assert sum(r is None for r in read_records(path)) == 1
+
+
+def test_a_rows_line_cut_at_the_end_of_the_file_is_a_cut_tail(tmp_path, ticks, no_flusher):
+    path, lines, at = _rows_file(tmp_path, ticks)
+    path.write_bytes(b"\n".join(lines[:at]) + b"\n" + lines[at][:-9])  # a SIGKILL mid-write
+    data = read_rank_file(path, 0)
+    assert data.truncated_tail and data.bad_lines == 0 and data.step_count == 1
+
+
+def test_a_step_whose_phases_overlap_is_never_a_row(tmp_path, ticks, no_flusher):
+    # The transfer inside the forward (the events still in the usual order): the clock
+    # counts the overlap and makes that record itself; the steps around it go as rows.
+    session = started(tmp_path, "overlap", True, USUAL)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(6)]
+    drive(session, ticks, plan[:3], set())
+    t = 3 * 10**8
+    for event in ((USUAL[0], t, t + 10), (USUAL[1], t + 15, t + 20), (USUAL[2], t + 10, t + 40)):
+        session.event_log(event)
+    session.event_log((USUAL[3], t + 40, t + 80))
+    session.event_log((USUAL[4], t + 130))
+    ticks.now = t + 130  # phases of 135 ns in a step of 130
+    session.batch_ended(4, 0)
+    drive(session, ticks, plan[4:], set())
+    session.train_ended(0)
+    session.close()
+    assert session.clock.overlaps == 1
+    lines = [orjson.loads(line) for line in session.recorder.sink.path.read_bytes().splitlines()]
+    kinds = [line[schema.KIND] for line in lines if line[schema.KIND].startswith("step")]
+    assert kinds == ["step", "steps", "step", "steps"]
+    steps = [r for r in read_records(session.recorder.sink.path) if r and r["kind"] == "step"]
+    assert [r[schema.GLOBAL_STEP] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert steps[3][schema.RESIDUAL] == 0.0
+
+
+def test_row_records_carry_the_cost_and_the_write_time_as_the_flusher_counts_them():
+    line = {
+        schema.ROWS_ORIGIN_NS: 0,
+        schema.ROWS_FIRST_STEP: 5,
+        schema.ROWS_LAST_END_NS: 900,
+        schema.ROWS_COST_NS: 10_000,
+        schema.ROWS_WRITE_NS: 2_340,
+        schema.ROWS: [
+            [
+                1_000,
+                2_000,
+                2_000,
+                3_000,
+                3_000,
+                4_000,
+                4_000,
+                5_000,
+                6_000,
+                7_000,
+                9,
+                1,
+                None,
+                12_550,
+            ],
+            [
+                8_000,
+                9_000,
+                9_000,
+                9_500,
+                9_500,
+                9_600,
+                9_600,
+                9_700,
+                9_800,
+                9_900,
+                10,
+                1,
+                77,
+                12_600,
+            ],
+        ],
+    }
+    first, second = row_records(line)
+    cost, rss = STEP_KEYS[schema.TRACEML_COST_US], STEP_KEYS[schema.RSS]
+    assert first[cost] == round(2.6 + 2.34, 1) and rss not in first  # (2,550 + 50) // 100 / 10
+    assert second[cost] == 0.1 and second[rss] == 77
+    assert first[schema.STEP_INDEX] == 5 and second[schema.STEP_INDEX] == 6
+    assert first[schema.GAP_MS] == 0.0 and second[schema.GAP_MS] == 0.001
+    assert second[schema.RESIDUAL] == 0.0 and second[schema.STEP] == 0.002
