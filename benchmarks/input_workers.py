@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from traceml import schema  # noqa: E402
 from traceml.analysis import input_pipeline  # noqa: E402
+from traceml.analysis.rankfile import read_records  # noqa: E402
 
 KNOBS = {"IP_BATCH_SIZE": "2", "IP_BATCHES": "24", "IP_GETITEM_SLEEP_MS": "50",
          "IP_STEP_SLEEP_MS": "20"}  # fmt: skip
@@ -36,8 +37,9 @@ def traced_run(workers: int, logs: Path) -> tuple[dict, list[float]]:
     subprocess.run([sys.executable, str(SCRIPT)], env=env, check=True, capture_output=True)
     run_dir = logs / f"w{workers}"
     summary = json.loads((run_dir / schema.SUMMARY_JSON).read_text())
-    lines = (run_dir / schema.RANKS_DIR / schema.rank_file_name(0)).read_text().splitlines()
-    steps = [json.loads(line) for line in lines if '"kind":"step"' in line.replace(" ", "")]
+    path = run_dir / schema.RANKS_DIR / schema.rank_file_name(0)
+    # Step fields by name, whatever the rank schema (short keys, rows lines).
+    steps = [r for r in read_records(path) if r is not None and r["kind"] == schema.KIND_STEP]
     return summary, [step[schema.INPUT_WAIT] for step in steps[SKIP:]]
 
 

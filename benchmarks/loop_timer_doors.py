@@ -46,7 +46,8 @@ def _write() -> None:
     dumps = sink._dumps  # the flusher encodes the usual step's record itself (sink.flush)
 
     def steps_unencoded(item: Any, option: int = 0) -> bytes:
-        return b"" if item.get("kind") == "step" else dumps(item, option=option)
+        kind = item.get("kind")
+        return b"" if kind in ("step", "steps") else dumps(item, option=option)
 
     sink._dumps = steps_unencoded
 
@@ -55,7 +56,7 @@ def _record() -> None:
     """The step not closed: the step's accumulators just reset, and a record built once at the
     first step handed out again (the flusher encodes it each time, as it would a new one). The
     usual step (``StepClock.usual_record``, the replay's one call) hands out a copy of the first
-    record it made."""
+    record it made; the usual steps' rows are not made (:func:`_rows_unmade`)."""
     step_clock = importlib.import_module("traceml.capture.step_clock")
     original = step_clock.StepClock._close
     original_usual = step_clock.StepClock.usual_record
@@ -95,6 +96,31 @@ def _record() -> None:
         return Made()
 
     step_clock.StepClock._close = close
+    _rows_unmade()
+
+
+def _rows_unmade() -> None:
+    """The usual steps' rows (rank schema 3.0, ``EventReplay._rows``) not made: the queued
+    steps after the one in hand taken off unread, counted, and the first line made handed out
+    again (its steps not checked, their side doors not counted)."""
+    step_events = importlib.import_module("traceml.capture.step_events")
+    original = step_events.EventReplay._rows
+    first: dict[str, Any] = {}
+
+    def rows(self, events, queue):
+        if not first:
+            line = original(self, events, queue)
+            if line is not None:
+                first.update(line)
+            return line
+        count = 1
+        while queue and type(queue[0]) is tuple:
+            queue.popleft()
+            count += 1
+        self.session.recorder.count_rows(count)
+        return dict(first)
+
+    step_events.EventReplay._rows = rows
 
 
 def _telemetry() -> None:

@@ -11,14 +11,16 @@ ones; the flusher encodes ~100 records in a row. Headers, events and footers (``
 at once, after everything queued before them. A queued record must not change afterwards (the
 session hands over records it has finished with). With one-door timing a step arrives as its
 door events (a tuple, :meth:`RankSink.replay_with`), which the flusher replays into records
-where the tuple stood (``step_events``).
+where the tuple stood (``step_events``), the usual steps that follow each other as one rows
+line (``step_rows``).
 
 The crash guarantee, stated honestly: a rank killed with SIGKILL (or by the OOM killer, or a
 signal whose default action ends the process) loses at most the records queued in the last
 ``FLUSH_INTERVAL_S`` (100 ms), plus the time the flusher waits for the GIL (Python's switch
 interval, 5 ms by default). A clean end, an exception, Ctrl-C and Lightning's SIGTERM handling
 all reach :meth:`close`, which writes everything. At worst the last line is cut in two (the
-reducer tolerates that). A forked child (DataLoader workers) never writes its copy of the queue.
+reducer tolerates that); when it is a rows line, the steps of that write are lost with it.
+A forked child (DataLoader workers) never writes its copy of the queue.
 
 Fail-open: an unwritable directory or a full disk turns the sink off with one warning, from
 whichever thread hit it; callers see ``False`` from their next call and keep training. A

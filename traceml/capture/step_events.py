@@ -8,6 +8,9 @@ the phase's name and its timestamps, read by the wrapper around the user's call.
 flusher replays the events into the same :class:`~traceml.capture.step_clock.StepClock`, in the
 same order, with the same timestamps, ~100 steps in a row on a warm cache; it closes the steps,
 builds their records and writes them. The numbers are those the clock made when it ran inline.
+The usual steps that follow each other go as one rows line instead (:meth:`EventReplay._rows`,
+rank schema 3.0): their events' integers, whose records the reader makes with the clock's
+arithmetic (``traceml.step_rows``).
 
 What that changes, stated:
 
