@@ -61,10 +61,25 @@ def ticks(monkeypatch):
     return clock
 
 
+_STARTED: list[Session] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_flusher_left():
+    """A test that ends with its session open (a failure it checks) leaves no flusher thread
+    behind for the tests after it (test_sink counts them)."""
+    yield
+    while _STARTED:
+        sink = _STARTED.pop().recorder.sink
+        if sink is not None:
+            sink.close()
+
+
 def started(tmp_path, name: str, events: bool, usual=USUAL, side=None, **settings) -> Session:
     session = Session(
         Settings(tmp_path, name, launcher_managed=True, **settings), integration="test"
     )
+    _STARTED.append(session)
     assert session.open(dict(RANK))
     session.start(None, {}, origin_ns=0)
     session.clock.optimizer_from_backward = True  # one-door timing, as Lightning sets it
