@@ -72,7 +72,8 @@ def test_rows_write_the_records_the_flusher_made_one_by_one(
     steps = [r for r in as_rows if r.get(schema.KIND) == schema.KIND_STEP]
     assert sum(STEP_KEYS[schema.RSS] in r for r in steps) >= 5
     assert len({r[STEP_KEYS[schema.TRACEML_COST_US]] for r in steps}) >= 3
-    assert as_rows[:-1] == one_by_one[:-1]
+    # The same bytes: key order and int against float too, which == on dicts does not see.
+    assert [orjson.dumps(r) for r in as_rows[:-1]] == [orjson.dumps(r) for r in one_by_one[:-1]]
     assert as_rows[-1][schema.STEPS] == one_by_one[-1][schema.STEPS] == len(steps)
 
 
@@ -201,3 +202,46 @@ def test_row_records_carry_the_cost_and_the_write_time_as_the_flusher_counts_the
     assert first[schema.STEP_INDEX] == 5 and second[schema.STEP_INDEX] == 6
     assert first[schema.GAP_MS] == 0.0 and second[schema.GAP_MS] == 0.001
     assert second[schema.RESIDUAL] == 0.0 and second[schema.STEP] == 0.002
+
+
+@pytest.mark.parametrize("limit", [3, 4, 6])
+def test_at_the_step_limit_rows_count_what_the_one_by_one_path_counts(
+    tmp_path, ticks, no_flusher, limit
+):
+    # The steps past the limit are dropped either way, each step's side door counted once
+    # (the DataLoader's batch), the clock's count the same; a step's end after the limit
+    # (the wrappers are gone in real training) goes one by one, never as rows.
+    outcomes = []
+    for rows in (False, True):
+        side: list = []
+        session = started(tmp_path, f"limit{limit}{rows}", True, USUAL, side, trace_max_steps=limit)
+        if not rows:
+            session.replay._rows_ready = lambda: False
+        session._rss = lambda: 7  # the same reading in both runs
+        plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(8)]
+        drive(session, ticks, plan[:5], set())
+        session.recorder.flush()
+        drive(session, ticks, plan[5:6], set())
+        emitted = session.clock.steps_emitted
+        session.train_ended(0)
+        session.close()
+        steps = [r for r in records_in(session) if r[schema.KIND] == schema.KIND_STEP]
+        outcomes.append((side, emitted, [orjson.dumps(r) for r in steps]))
+    assert outcomes[1] == outcomes[0]
+    assert len(outcomes[0][2]) == limit if limit < 6 else 6
+
+
+def test_a_failure_while_counting_a_rows_line_counts_none_of_its_steps(
+    tmp_path, ticks, no_flusher, monkeypatch
+):
+    session = started(tmp_path, "count-fail", True, USUAL)
+
+    def broken(cost):
+        raise RuntimeError("cost broke")
+
+    monkeypatch.setattr(session, "costs_reported", broken)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(5)]
+    drive(session, ticks, plan, set())
+    session.recorder.flush()
+    assert session.replay.failure[0] == "t.end"
+    assert session.recorder.steps_written == 1  # the first step, one by one; no row counted

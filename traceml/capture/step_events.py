@@ -48,6 +48,7 @@ _OWN_COST = attrgetter("own_cost_ns")
 _NAME = itemgetter(0)  # an event's door
 _FIELDS = itemgetter(slice(1, None))  # an event's fields
 _joined = chain.from_iterable
+_NOT_A_ROW = object()  # EventReplay._rows: the step in hand is not one (nothing done)
 
 
 class EventReplay:
@@ -202,7 +203,7 @@ class EventReplay:
                     return None  # logged before tracing stopped (a limit, a failure)
                 if queue is not None and self._rows_ready():
                     line = self._rows(events, queue)
-                    if line is not None or self.failure is not None:
+                    if line is not _NOT_A_ROW:  # taken: never replayed again below
                         return line
                 _, now, global_step, epoch, rss, cost = end
                 record = session.clock.usual_record(
@@ -228,11 +229,13 @@ class EventReplay:
     def _rows_ready(self) -> bool:
         """Whether the usual steps from here on may go as rows: the clock between steps as
         they leave it, no RSS carried over, no telemetry samples waiting to be placed."""
-        telemetry = self.session.telemetry
+        session = self.session
+        telemetry, recorder = session.telemetry, session.recorder
         return (
             self._carried_rss is None
             and (telemetry is None or not telemetry.pending)
-            and self.session.clock.usual_ready()
+            and not (recorder.limit_reached or recorder.footer_written)
+            and session.clock.usual_ready()
         )
 
     def _rows(self, events: tuple[tuple[Any, ...], ...], queue: Any) -> Any:
@@ -240,8 +243,9 @@ class EventReplay:
         (``step_rows``): each step's door events' integers, its side doors counted. Per step
         only C calls and a few compares: the record arithmetic is the reader's. Stops at the
         first step that is not usual, or whose timestamps are out of order (phases that
-        overlap, counted by the clock) or steps are unknown; None where ``events`` is such
-        a step (nothing done), or where its side door failed (``failure`` set)."""
+        overlap, counted by the clock) or steps are unknown. ``_NOT_A_ROW`` where ``events``
+        is such a step (nothing done: the caller replays it); None where its side door failed
+        (``failure`` set)."""
         session = self.session
         telemetry, life = session.telemetry, session.life
         names, sides, doors = self._usual_names, self.side_doors, self.doors
@@ -276,7 +280,9 @@ class EventReplay:
         except Exception as exc:
             self.failure = (event[0], exc)
             self.sink.halted = True  # the training thread turns tracing off
-        return self._rows_line(rows) if rows else None
+        if not rows:
+            return None if self.failure is not None else _NOT_A_ROW
+        return self._rows_line(rows)
 
     def _rows_line(self, rows: list[tuple[Any, ...]]) -> dict[str, Any] | None:
         """The rows line of ``rows`` (the sink encodes it), its steps counted: by the clock
@@ -284,10 +290,10 @@ class EventReplay:
         step limit: the rows past it are dropped)."""
         session = self.session
         recorder, clock = session.recorder, session.clock
-        count, write_ns = recorder.count_rows(len(rows))
         last = rows[-1]
         first_step, last_end = clock.rows_closed(len(rows), last[9])
         cost_ns = session.costs_reported(last[13])
+        count, write_ns = recorder.count_rows(len(rows))  # last: a failure above counts none
         if recorder.limit_reached:
             self.sink.halted = True  # the training thread takes the doors away
         if not count:
