@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from test_step_events import USUAL, Ticks, drive, plan_of, records_in, started
+from test_step_events import SIDE, USUAL, Ticks, drive, plan_of, records_in, started
 
 from traceml import schema
 from traceml.analysis.rankfile import read_rank_file, read_records
@@ -245,3 +245,69 @@ def test_a_failure_while_counting_a_rows_line_counts_none_of_its_steps(
     session.recorder.flush()
     assert session.replay.failure[0] == "t.end"
     assert session.recorder.steps_written == 1  # the first step, one by one; no row counted
+
+
+def _with_batched_side(session, side: list, broken: bool = False) -> None:
+    """The side door (the DataLoader's batch, as ``InputTiming.log_events`` adds it) with a
+    count of many events at once, which the rows line calls once."""
+
+    def count_many(events):
+        if broken:
+            raise RuntimeError("batch count broke")
+        side.extend(tuple(event[1:]) for event in events)
+
+    session.replay.add_side_door(SIDE, lambda *fields: side.append(fields), count_many)
+
+
+def test_a_rows_line_counts_its_side_doors_at_once_as_one_by_one(tmp_path, ticks, no_flusher):
+    outcomes = []
+    for rows in (False, True):
+        side: list = []
+        session = started(tmp_path, f"batched{rows}", True, USUAL, [])
+        _with_batched_side(session, side)
+        if not rows:
+            session.replay._rows_ready = lambda: False
+        session._rss = lambda: 7
+        plan, _ = plan_of(5, microbatches=60)
+        drive(session, ticks, plan[:25], set())
+        session.recorder.flush()
+        drive(session, ticks, plan[25:], set())
+        session.train_ended(0)
+        session.close()
+        steps = [r for r in records_in(session) if r[schema.KIND] == schema.KIND_STEP]
+        outcomes.append((side, [orjson.dumps(r) for r in steps]))
+    assert outcomes[1] == outcomes[0]
+    assert [t0 for _, t0 in outcomes[0][0]] == [t0 for t0, *_ in plan]  # each batch once
+
+
+def test_a_failure_in_a_side_doors_count_of_many_is_named_after_it(tmp_path, ticks, no_flusher):
+    session = started(tmp_path, "batched-broken", True, USUAL, [])
+    _with_batched_side(session, [], broken=True)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(5)]
+    drive(session, ticks, plan, set())
+    session.recorder.flush()
+    door, exc = session.replay.failure
+    assert door == SIDE and str(exc) == "batch count broke"
+    assert session.recorder.sink.halted
+
+
+def test_process_counters_add_batches_as_count_adds_them_one_by_one():
+    from traceml.capture.instruments.input_counters import ProcessCounters
+
+    events = [
+        ("b", t, t + 7 + i, t + 30 + 2 * i, 4 + i % 3)
+        for i, t in enumerate(range(10**6, 10**6 + 900, 100))
+    ]
+    one, many = ProcessCounters(1, 0), ProcessCounters(1, 0)
+    for _, start, collate_start, end, samples in events:  # InputTiming.count's arithmetic
+        one.samples += samples
+        one.getitem_ns += collate_start - start
+        one.collate_ns += end - collate_start
+        one.batches += 1
+        if not one.first_start_ns:
+            one.first_start_ns, one.first_end_ns = start, end
+        one.last_end_ns = end
+    many.add_batches(events[:4])
+    many.add_batches(events[4:])
+    fields = [f for f in ProcessCounters.__slots__ if f != "seq"]
+    assert [getattr(many, f) for f in fields] == [getattr(one, f) for f in fields]

@@ -78,6 +78,7 @@ class EventReplay:
         self._usual_names = None if usual is None else (*usual, end_door)
         # Doors that count on their own and never touch the clock (the DataLoader's batch).
         self.side_doors: set[str] = set()
+        self._side_counts: dict[str, Callable[..., Any]] = {}  # their counts of many events
         self.sink = sink
         # The open step's events, in order; the doors' log is this list's append.
         self.pending: list[tuple[Any, ...]] = []
@@ -172,11 +173,16 @@ class EventReplay:
 
     # -- the flusher -------------------------------------------------------------------------
 
-    def add_side_door(self, name: str, count: Callable[..., Any]) -> None:
+    def add_side_door(
+        self, name: str, count: Callable[..., Any], count_many: Callable[..., Any] | None = None
+    ) -> None:
         """A door whose events ``count`` takes (never the clock: the usual step's one call
-        may replay it before the clock's events)."""
+        may replay it before the clock's events); ``count_many``, if given, takes a list of
+        them at once (a rows line's, in order)."""
         self.doors[name] = count
         self.side_doors.add(name)
+        if count_many is not None:
+            self._side_counts[name] = count_many
 
     def __call__(self, events: tuple[tuple[Any, ...], ...], queue: Any = None) -> Any:
         """``events``: one step's; ``queue``: the sink's, whose next steps, if usual, are
@@ -240,8 +246,9 @@ class EventReplay:
 
     def _rows(self, events: tuple[tuple[Any, ...], ...], queue: Any) -> Any:
         """``events`` (a usual step's) and the usual steps queued after it, as one rows line
-        (``step_rows``): each step's door events' integers, its side doors counted. Per step
-        only C calls and a few compares: the record arithmetic is the reader's. Stops at the
+        (``step_rows``): each step's door events' integers, its side doors counted (at the
+        end, all at once, where they can). Per step only C calls and a few compares: the
+        record arithmetic is the reader's. Stops at the
         first step that is not usual, or whose timestamps are out of order (phases that
         overlap, counted by the clock) or steps are unknown. ``_NOT_A_ROW`` where ``events``
         is such a step (nothing done: the caller replays it); None where its side door failed
@@ -251,6 +258,9 @@ class EventReplay:
         names, sides, doors = self._usual_names, self.side_doors, self.doors
         rows: list[tuple[Any, ...]] = []
         add = rows.append
+        # The side doors' events, counted once for the line where every side door can.
+        many = self._side_counts if len(self._side_counts) == len(sides) else None
+        seen: list[tuple[Any, ...]] = []
         event = events[-1]
         first = len(events) - 6
         try:
@@ -274,9 +284,16 @@ class EventReplay:
                     break
                 if peek:
                     queue.popleft()
-                for event in events[:first]:  # a failure in one is named after its door
-                    doors[event[0]](*event[1:])
+                if first:
+                    if many is not None:
+                        seen += events[:first]
+                    else:
+                        for event in events[:first]:  # a failure in one is named after its door
+                            doors[event[0]](*event[1:])
                 add(row)
+            for name, count in many.items() if seen else ():
+                event = (name,)  # a failure in it is named after its door
+                count(seen if len(many) == 1 else [e for e in seen if e[0] == name])
         except Exception as exc:
             self.failure = (event[0], exc)
             self.sink.halted = True  # the training thread turns tracing off

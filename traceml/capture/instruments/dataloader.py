@@ -6,34 +6,29 @@ the ``collate_fn`` call, and the batch's busy span (fetch started to collate end
 idle time is the rest of its life after its first batch started: waiting for an index, and
 handing the batch to the main process (pickling into shared memory).
 
-Transparency first: the user's objects are never changed. The dataset, the DataLoader and its
-``collate_fn`` keep their class and attributes, so pickling, ``copy.deepcopy`` and
-``torch.save`` of them, validation loaders over the same dataset and the user's own worker code
-see exactly what they would untraced. Timing lives beside them, in torch's own per-iterator
-machinery:
+Transparency first: the dataset, the DataLoader and its ``collate_fn`` keep their class and
+attributes, so pickling, ``copy.deepcopy``, ``torch.save``, validation loaders over the same
+dataset and the user's worker code see what they would untraced. Timing lives beside them, in
+torch's own per-iterator machinery:
 
 * ``DataLoader._get_iterator`` is wrapped (class attribute, for the traced fit only) and acts on
   the one traced loader, found by identity. With ``num_workers=0`` the new iterator's dataset
   fetcher (torch-internal, never pickled) gets a timing subclass of its class and a timing
   ``collate_fn`` of its own.
-* With workers, the loader's ``worker_init_fn`` is swapped for a picklable wrapper only while
-  the iterator starts its workers, and put back at once. In each worker the wrapper has torch's
-  ``_DatasetKind.create_fetcher`` (in that worker process) time the fetchers it makes, then runs
-  the user's ``worker_init_fn``.
+* With workers, the loader's ``worker_init_fn`` is a picklable wrapper only while the iterator
+  starts its workers. In each worker it has torch's ``_DatasetKind.create_fetcher`` time the
+  fetchers it makes, then runs the user's ``worker_init_fn``.
 
-The fetcher's ``fetch`` runs the dataset's item calls then ``collate_fn`` (torch's
-``_utils/fetch.py``): its start, the collate's start and its end split a batch into item time
-and collate time with one clock read each and one guarded call per batch.
+The fetcher's ``fetch`` runs the item calls then ``collate_fn`` (torch's ``_utils/fetch.py``):
+its start, the collate's start and its end split a batch into item and collate time.
 
-The counters travel through a small shared map (:mod:`input_counters`). Supported: map-style
-datasets, ``num_workers`` 0 or more, persistent workers, the ``fork``, ``spawn`` and
-``forkserver`` start methods. Not supported (left untimed, with a note in the rank file):
-iterable datasets, and more than MAX_WORKERS workers. A validation loader sharing the dataset
-is not counted (its fetchers are not the traced loader's).
+Counters travel through a shared map (:mod:`input_counters`). Supported: map-style datasets,
+``num_workers`` 0 or more, persistent workers, ``fork``, ``spawn`` and ``forkserver``. Not
+supported (untimed, noted in the rank file): iterable datasets, more than MAX_WORKERS workers.
+A validation loader sharing the dataset is not counted (its fetchers are not the traced one's).
 
-Everything traceml does inside a worker is fail-open: a failure turns that worker's timing off
-and never reaches the batch. In the main process the doors (``dataloader.iterator``,
-``dataloader.batch``) are guarded entry points whose failure turns tracing off with one warning.
+Inside a worker a failure turns that worker's timing off and never reaches the batch; in the
+main process, a door's (``dataloader.iterator``, ``dataloader.batch``) turns tracing off.
 """
 
 from __future__ import annotations
@@ -326,7 +321,7 @@ class InputTiming:
         session's replay counts (:meth:`count`, ``step_events``); False with workers."""
         if self.num_workers or session.event_log is None:
             return False
-        session.replay.add_side_door(BATCH_DOOR, self.count)
+        session.replay.add_side_door(BATCH_DOOR, self.count, self.count_many)
         self.log = session.event_log
         return True
 
@@ -351,6 +346,11 @@ class InputTiming:
         counters.last_end_ns = end
         if counters.slot:  # a worker; the training process publishes its own slot when read
             counters.publish(self.shared)
+
+    def count_many(self, events: list[tuple[Any, ...]]) -> None:
+        """:meth:`count` of several batches' events (the main process's, read not published)."""
+        if (counters := self.counters or self._here()) is not None:
+            counters.add_batches(events)
 
     # -- the main process ------------------------------------------------------------------
 

@@ -68,6 +68,23 @@ class ProcessCounters:
         self.first_start_ns = self.first_end_ns = self.last_end_ns = 0
         self.seq = 0
 
+    def add_batches(self, events: list[tuple[Any, ...]]) -> None:
+        """Several batches made in this process at once, each ``(door, start, collate_start,
+        end, samples)`` as the batch door logs it (``InputTiming.count`` one by one): the
+        replay's rows line counts a flush's batches in one frame."""
+        samples = getitem_ns = collate_ns = 0
+        for _, start, collate_start, end, count in events:
+            samples += count
+            getitem_ns += collate_start - start
+            collate_ns += end - collate_start
+        self.samples += samples
+        self.getitem_ns += getitem_ns
+        self.collate_ns += collate_ns
+        self.batches += len(events)
+        if not self.first_start_ns:
+            self.first_start_ns, self.first_end_ns = events[0][1], events[0][3]
+        self.last_end_ns = events[-1][3]
+
     def publish(self, shared: Any) -> None:
         """Write this process's slot (odd sequence, data, even sequence: three writes)."""
         offset = self.slot * _SLOT_SIZE
