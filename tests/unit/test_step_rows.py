@@ -291,23 +291,24 @@ def test_a_failure_in_a_side_doors_count_of_many_is_named_after_it(tmp_path, tic
     assert session.recorder.sink.halted
 
 
-def test_process_counters_add_batches_as_count_adds_them_one_by_one():
+def test_the_batch_counts_of_a_line_add_up_as_count_adds_them_one_by_one():
+    # InputTiming.count_many (ProcessCounters.add_batches) against InputTiming.count itself,
+    # each on the main process's counters (slot 0: read, not published).
+    from types import SimpleNamespace
+
+    from traceml.capture.instruments.dataloader import InputTiming
     from traceml.capture.instruments.input_counters import ProcessCounters
 
     events = [
         ("b", t, t + 7 + i, t + 30 + 2 * i, 4 + i % 3)
         for i, t in enumerate(range(10**6, 10**6 + 900, 100))
     ]
-    one, many = ProcessCounters(1, 0), ProcessCounters(1, 0)
-    for _, start, collate_start, end, samples in events:  # InputTiming.count's arithmetic
-        one.samples += samples
-        one.getitem_ns += collate_start - start
-        one.collate_ns += end - collate_start
-        one.batches += 1
-        if not one.first_start_ns:
-            one.first_start_ns, one.first_end_ns = start, end
-        one.last_end_ns = end
-    many.add_batches(events[:4])
-    many.add_batches(events[4:])
+    one = SimpleNamespace(counters=ProcessCounters(1, 0))
+    many = SimpleNamespace(counters=ProcessCounters(1, 0))
+    for event in events:
+        InputTiming.count(one, *event[1:])
+    InputTiming.count_many(many, events[:4])
+    InputTiming.count_many(many, events[4:])
     fields = [f for f in ProcessCounters.__slots__ if f != "seq"]
-    assert [getattr(many, f) for f in fields] == [getattr(one, f) for f in fields]
+    assert [getattr(many.counters, f) for f in fields] == [getattr(one.counters, f) for f in fields]
+    assert one.counters.batches == 9 and one.counters.samples == sum(e[4] for e in events)

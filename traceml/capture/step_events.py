@@ -248,11 +248,10 @@ class EventReplay:
         """``events`` (a usual step's) and the usual steps queued after it, as one rows line
         (``step_rows``): each step's door events' integers, its side doors counted (at the
         end, all at once, where they can). Per step only C calls and a few compares: the
-        record arithmetic is the reader's. Stops at the
-        first step that is not usual, or whose timestamps are out of order (phases that
-        overlap, counted by the clock) or steps are unknown. ``_NOT_A_ROW`` where ``events``
-        is such a step (nothing done: the caller replays it); None where its side door failed
-        (``failure`` set)."""
+        record arithmetic is the reader's. Stops at the first step that is not usual, or whose
+        timestamps are out of order (phases that overlap, counted by the clock) or steps are
+        unknown. ``_NOT_A_ROW`` where ``events`` is such a step (nothing done: the caller
+        replays it); None where its side door failed (``failure`` set)."""
         session = self.session
         telemetry, life = session.telemetry, session.life
         names, sides, doors = self._usual_names, self.side_doors, self.doors
