@@ -19,6 +19,10 @@ never overlap. Shared base: no wing imported.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from itertools import chain, repeat
+from operator import and_, contains, eq, itemgetter, not_
 from typing import Any
 
 from traceml import schema
@@ -34,6 +38,10 @@ _FORWARD, _BACKWARD, _OPTIMIZER = _K[schema.FORWARD], _K[schema.BACKWARD], _K[sc
 _RESIDUAL, _RSS, _COST = _K[schema.RESIDUAL], _K[schema.RSS], _K[schema.TRACEML_COST_US]
 # A row's length: ten timestamps, the global step, the epoch, RSS (or None), traceml's cost.
 ROW_LENGTH = 14
+_TIMES, _STEPS = itemgetter(slice(0, 10)), itemgetter(slice(10, 12))  # a row's
+_NAME, _FIELDS = itemgetter(0), itemgetter(slice(1, None))  # a door event's
+_IS_TUPLE = partial(type.__instancecheck__, tuple)  # isinstance(x, tuple), as a C callable
+_joined = chain.from_iterable
 
 
 def usual_record(
@@ -139,3 +147,26 @@ def row_records(line: dict[str, Any]) -> list[StepRecord]:
         index += 1
         last_end, reported = end, cost
     return records
+
+
+def usable_rows(
+    steps: list[Any], shape: tuple[str, ...], phases: Callable[[Any], Any]
+) -> list[tuple[Any, ...]]:
+    """The writer's side (``step_events``): the rows of ``steps``' leading ones that may go as
+    rows, each a step's door events (``(door, *fields)`` tuples) named as in ``shape``, the
+    fields of ``phases(step)`` (its clock events) making the row. A row's timestamps must be
+    in order and its global step and epoch known. No bytecode a step: C iterators only."""
+    kinds = list(map(_IS_TUPLE, steps))
+    if False in kinds:
+        steps = steps[: kinds.index(False)]
+    same = list(map(shape.__eq__, map(tuple, map(map, repeat(_NAME), steps))))
+    if False in same:
+        steps = steps[: same.index(False)]
+    rows = list(map(tuple, map(_joined, map(map, repeat(_FIELDS), map(phases, steps)))))
+    times = list(map(_TIMES, rows))
+    ordered = map(eq, times, map(tuple, map(sorted, times)))
+    known = map(not_, map(contains, map(_STEPS, rows), repeat(None)))
+    usable = list(map(and_, ordered, known))
+    if False in usable:
+        del rows[usable.index(False) :]
+    return rows

@@ -153,6 +153,37 @@ def test_a_step_whose_phases_overlap_is_never_a_row(tmp_path, ticks, no_flusher)
     assert steps[3][schema.RESIDUAL] == 0.0
 
 
+@pytest.mark.parametrize("at", [1, 2, 8, 9, 10, 25, 28])
+def test_a_line_stops_at_an_overlap_wherever_it_falls_in_the_flushers_chunks(
+    tmp_path, ticks, no_flusher, at
+):
+    # The flusher looks at the queue 8, 16, 32... steps at a time: an overlapping step on
+    # either side of a chunk's edge ends the line there, the steps after it a line of their own.
+    session = started(tmp_path, "overlap", True, USUAL)
+    plan = [(i * 10**8, (10, 20, 30, 40, 50, 60), True, i + 1) for i in range(30)]
+    drive(session, ticks, plan[:at], set())
+    t = at * 10**8
+    for event in ((USUAL[0], t, t + 10), (USUAL[1], t + 15, t + 20), (USUAL[2], t + 10, t + 40)):
+        session.event_log(event)
+    session.event_log((USUAL[3], t + 40, t + 80))
+    session.event_log((USUAL[4], t + 130))
+    ticks.now = t + 130
+    session.batch_ended(at + 1, 0)
+    drive(session, ticks, plan[at + 1 :], set())
+    session.train_ended(0)
+    session.close()
+    assert session.clock.overlaps == 1
+    lines = [orjson.loads(line) for line in session.recorder.sink.path.read_bytes().splitlines()]
+    kinds = [line[schema.KIND] for line in lines if line[schema.KIND].startswith("step")]
+    # The session's first step is never a row (no step before it to start from).
+    assert kinds == ["step"] + ["steps"] * (at > 1) + ["step", "steps"]
+    rows = [len(line[schema.ROWS]) for line in lines if line[schema.KIND] == "steps"]
+    assert rows == [at - 1] * (at > 1) + [30 - at - 1]
+    steps = [r for r in read_records(session.recorder.sink.path) if r and r["kind"] == "step"]
+    assert [r[schema.GLOBAL_STEP] for r in steps] == list(range(1, 31))
+    assert steps[at][schema.RESIDUAL] == 0.0
+
+
 def test_row_records_carry_the_cost_and_the_write_time_as_the_flusher_counts_them():
     line = {
         schema.ROWS_ORIGIN_NS: 0,

@@ -31,7 +31,7 @@ a phase's start needs a door (a CUDA event, a collective's phase), the doors cal
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -41,6 +41,7 @@ from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import TRACING
 from traceml.capture.sink import MAX_QUEUED
 from traceml.step_record import STEP_KEYS
+from traceml.step_rows import usable_rows
 
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
@@ -49,6 +50,7 @@ _NAME = itemgetter(0)  # an event's door
 _FIELDS = itemgetter(slice(1, None))  # an event's fields
 _joined = chain.from_iterable
 _NOT_A_ROW = object()  # EventReplay._rows: the step in hand is not one (nothing done)
+_FIRST_CHUNK, _MAX_CHUNK = 8, 256  # EventReplay._rows' chunks of steps
 
 
 class EventReplay:
@@ -245,60 +247,73 @@ class EventReplay:
         )
 
     def _rows(self, events: tuple[tuple[Any, ...], ...], queue: Any) -> Any:
-        """``events`` (a usual step's) and the usual steps queued after it, as one rows line
-        (``step_rows``): each step's door events' integers, its side doors counted (at the
-        end, all at once, where they can). Per step only C calls and a few compares: the
-        record arithmetic is the reader's. Stops at the first step that is not usual, or whose
-        timestamps are out of order (phases that overlap, counted by the clock) or steps are
-        unknown. ``_NOT_A_ROW`` where ``events`` is such a step (nothing done: the caller
-        replays it); None where its side door failed (``failure`` set)."""
+        """``events`` (a usual step's) and the steps queued after it with the same doors, as
+        one rows line (``step_rows``): each step's door events' integers, its side doors
+        counted (all at once where they can). The line stops at the first step whose doors
+        differ, whose timestamps are out of order (phases that overlap, counted by the clock)
+        or whose steps are unknown. ``_NOT_A_ROW`` where ``events`` is such a step (nothing
+        done: the caller replays it); None where a side door failed (``failure`` set).
+
+        No bytecode a step: the steps go through C iterators (``step_rows.usable_rows``), a chunk
+        at a time, the first one small (a loop whose every step is unusable pays for eight
+        steps a step, not the whole queue). The record arithmetic is the reader's."""
         session = self.session
-        telemetry, life = session.telemetry, session.life
-        names, sides, doors = self._usual_names, self.side_doors, self.doors
-        rows: list[tuple[Any, ...]] = []
-        add = rows.append
-        # The side doors' events, counted once for the line where every side door can.
-        many = self._side_counts if len(self._side_counts) == len(sides) else None
-        seen: list[tuple[Any, ...]] = []
-        event = events[-1]
+        event = events[-1]  # a failure is named after the step's end, or its side door
         first = len(events) - 6
         try:
-            # The steps queued now at most, after the one in hand: a line stays ~200 KB at
-            # most (MAX_QUEUED rows), and steps queued meanwhile go in the next line.
-            for peek in range(len(queue) + 1):
-                if peek:
-                    events = queue[0]  # only the flusher takes from the queue: still there
-                    first = len(events) - 6 if type(events) is tuple else -1
-                    if (
-                        first < 0
-                        or tuple(map(_NAME, events[first:])) != names
-                        or (first and not sides.issuperset(map(_NAME, events[:first])))
-                        or life.state is not TRACING
-                        or (telemetry is not None and telemetry.pending)
-                    ):
-                        break
-                row = tuple(_joined(map(_FIELDS, events[first:])))
-                times = row[:10]
-                if None in row[10:12] or times != tuple(sorted(times)):
+            # Only the flusher takes from the queue (under the sink's lock): what it holds now
+            # stays there, and steps queued meanwhile go in the next line. At most MAX_QUEUED
+            # steps a line (~200 KB).
+            steps = [events, *queue]
+            shape, phases = tuple(map(_NAME, events)), itemgetter(slice(first, None))
+            rows: list[tuple[Any, ...]] = []
+            size = _FIRST_CHUNK
+            while len(rows) < len(steps):
+                chunk = steps[len(rows) : len(rows) + size]
+                made = usable_rows(chunk, shape, phases)
+                rows += made
+                if len(made) < len(chunk):
                     break
-                if peek:
-                    queue.popleft()
-                if first:
-                    if many is not None:
-                        seen += events[:first]
-                    else:
-                        for event in events[:first]:  # a failure in one is named after its door
-                            doors[event[0]](*event[1:])
-                add(row)
-            for name, count in many.items() if seen else ():
-                event = (name,)  # a failure in it is named after its door
-                count(seen if len(many) == 1 else [e for e in seen if e[0] == name])
+                size = min(2 * size, _MAX_CHUNK)
+            if rows and (
+                session.life.state is not TRACING
+                or (session.telemetry is not None and session.telemetry.pending)
+            ):
+                del rows[1:]  # changed meanwhile: the line stops after the step in hand
+            if not rows:
+                return _NOT_A_ROW
+            list(starmap(queue.popleft, repeat((), len(rows) - 1)))  # C calls, no bytecode
+            if first:
+                self._count_sides(steps[: len(rows)], first, rows)
         except Exception as exc:
             self.failure = (event[0], exc)
             self.sink.halted = True  # the training thread turns tracing off
+            return None
         if not rows:
-            return None if self.failure is not None else _NOT_A_ROW
+            return None
         return self._rows_line(rows)
+
+    def _count_sides(self, steps: list[Any], first: int, rows: list[Any]) -> None:
+        """The side doors' events of a line's ``steps``, counted: all at once where every
+        side door can (a failure keeps the line's rows), else one by one in order (a failure
+        keeps the rows of the steps before its own). A failure is named after its door."""
+        many = self._side_counts if len(self._side_counts) == len(self.side_doors) else None
+        doors, event, done = self.doors, ("?",), 0
+        try:
+            if many is not None:
+                seen = list(_joined(map(itemgetter(slice(0, first)), steps)))
+                for name, count in many.items():
+                    event = (name,)
+                    count(seen if len(many) == 1 else [e for e in seen if e[0] == name])
+                return
+            for done, step in enumerate(steps):  # noqa: B007 (read by the except below)
+                for event in step[:first]:
+                    doors[event[0]](*event[1:])
+        except Exception as exc:
+            if many is None:
+                del rows[done:]
+            self.failure = (event[0], exc)
+            self.sink.halted = True  # the training thread turns tracing off
 
     def _rows_line(self, rows: list[tuple[Any, ...]]) -> dict[str, Any] | None:
         """The rows line of ``rows`` (the sink encodes it), its steps counted: by the clock
