@@ -55,9 +55,6 @@ def test_one_record_per_optimizer_step_and_phases_add_up(tmp_path, package):
     # The step ends just before the module's on_train_batch_end: Lightning dispatches no
     # batch-end hook to traceml's callback.
     assert lightning["batch_end_dispatches"] == 0
-    # Nor any hook while the epoch loop runs: the callback is out of trainer.callbacks there,
-    # back at each epoch's end (the footer below needs its hooks) and after fit.
-    assert lightning["traceml_in_epoch"] == 0 and lightning["traceml_at_epoch_end"] == 1
     records = rank_records(run_dir)
     assert records[0]["kind"] == "header" and records[-1]["kind"] == "footer"
     assert records[-1]["status"] == "completed"

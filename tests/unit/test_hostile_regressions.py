@@ -279,7 +279,7 @@ def _fake_torch_distributed(monkeypatch, store):
 def test_run_name_from_rank_zero_is_revalidated(monkeypatch, capsys, tmp_path, planted):
     # Was: a rank adopted whatever the store held, so "../x" moved its files out of logs/.
     from traceml import console
-    from traceml.capture.run_name import adopt_rank_zero_run_name
+    from traceml.capture.frameworks.lightning import adopt_rank_zero_run_name
 
     console.reset_for_tests()
     _fake_torch_distributed(monkeypatch, _FakeStore(planted))
@@ -290,7 +290,7 @@ def test_run_name_from_rank_zero_is_revalidated(monkeypatch, capsys, tmp_path, p
 
 def test_a_safe_run_name_from_rank_zero_is_adopted(monkeypatch, tmp_path):
     _fake_torch_distributed(monkeypatch, _FakeStore(b"train-20260101-000001"))
-    from traceml.capture.run_name import adopt_rank_zero_run_name
+    from traceml.capture.frameworks.lightning import adopt_rank_zero_run_name
 
     mine = Settings(logs_dir=tmp_path, run_name="train-20260101-000000", run_name_explicit=False)
     assert adopt_rank_zero_run_name(mine, rank=1).run_name == "train-20260101-000001"

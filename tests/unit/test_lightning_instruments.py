@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from traceml.capture.frameworks.lightning_instruments import Instruments, set_instance_attribute
+from traceml.capture.frameworks.lightning_instruments import Instruments, _set_instance_attribute
 
 
 class Strategy:
@@ -35,11 +35,11 @@ def test_the_undo_gives_back_an_instance_attribute_that_was_there_before():
     strategy = Strategy()
     theirs = strategy.backward
     strategy.backward = theirs  # someone's own instance-level backward
-    undo = set_instance_attribute(strategy, "backward", lambda loss: loss)
+    undo = _set_instance_attribute(strategy, "backward", lambda loss: loss)
     undo()
     assert strategy.__dict__["backward"] is theirs
     plain = Strategy()
-    set_instance_attribute(plain, "backward", lambda loss: loss)()
+    _set_instance_attribute(plain, "backward", lambda loss: loss)()
     assert "backward" not in vars(plain)
 
 

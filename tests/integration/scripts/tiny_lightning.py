@@ -117,17 +117,12 @@ class Net(torch.nn.Module):
         return out
 
 
-def traceml_callbacks(trainer) -> int:
-    return sum("StepCallback" in type(cb).__name__ for cb in trainer.callbacks)
-
-
 class Module(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.model = Net()
         self.seen = 0
         self.batch_end_dispatches = -1
-        self.traceml_in_epoch = self.traceml_at_epoch_end = -1
         self.leaked: list[torch.Tensor] = []
         self.lr = 0.01
         if os.environ.get("TINY_MANUAL"):
@@ -144,12 +139,6 @@ class Module(pl.LightningModule):
             for cb in self.trainer.callbacks
             if "StepCallback" in type(cb).__name__
         )
-        # traceml's callback is out of Lightning's dispatch while the epoch loop runs (with
-        # one-door timing), back for the epoch's end.
-        self.traceml_in_epoch = traceml_callbacks(self.trainer)
-
-    def on_train_epoch_end(self):
-        self.traceml_at_epoch_end = traceml_callbacks(self.trainer)
 
     def training_step(self, batch, batch_idx):
         self.seen += 1
@@ -336,9 +325,7 @@ def main() -> int:
         extra = f" forward_calls={module.model.training_calls}"
     print(
         f"TINY_RESULT global_step={trainer.global_step} traceml_callbacks={len(callbacks)}"
-        f" batch_end_dispatches={module.batch_end_dispatches}"
-        f" traceml_in_epoch={module.traceml_in_epoch}"
-        f" traceml_at_epoch_end={module.traceml_at_epoch_end}{extra}"
+        f" batch_end_dispatches={module.batch_end_dispatches}{extra}"
     )
     return env_int("TINY_EXIT_CODE", 0)
 

@@ -19,17 +19,17 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
     calls right after the callbacks': an instance-level wrapper of the module's hook, or,
     where the module cannot be wrapped, this callback's hook, the last callback)
 
-Optimizer opens at traceml's ``on_before_optimizer_step``. With one-door timing (a single
-process without CUDA events) traceml takes no per-batch hook: Optimizer opens where the stepping
-microbatch's backward ended (``_time_optimizer_from_backward``), and while the epoch loop runs
-the callback is out of ``trainer.callbacks`` (``lightning_dispatch``).
+Optimizer opens at traceml's ``on_before_optimizer_step``; with one-door timing (a single
+process without CUDA events) traceml has no such hook, and Optimizer opens where the stepping
+microbatch's backward ended (``_time_optimizer_from_backward``).
 
-Sanity checks and validation run through other loops, never timed: boundaries count only
-while a training microbatch is open.
+Sanity checks and validation run through other loops and are never timed: every boundary is
+only honoured while a training microbatch is open.
 
-Who does what: ``lightning_attach`` gives the first training fit of the process this callback,
-which translates Lightning's hooks into boundaries of a :class:`~traceml.capture.session.Session`
-(the clock, the parts, the rank file); ``lightning_instruments`` installs the doors.
+Who does what: ``lightning_attach`` gives the first training fit of the process this callback;
+the callback only translates Lightning's hooks into boundaries of a
+:class:`~traceml.capture.session.Session` (which owns the clock, the parts and the rank file);
+``lightning_instruments`` installs the fetcher, transfer, backward, forward, optimizer step.
 Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``) or
 catches its own failures as one (``step_events.step_end_door``): a failure inside traceml
 turns tracing off with one warning and never reaches the user.
@@ -43,11 +43,11 @@ from typing import Any
 from traceml import schema
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import IDLE, READY, TRACING
+from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
 from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
-from .lightning_dispatch import out_of_callbacks_while_epochs_run
 from .lightning_instruments import (
     END_DOOR,
     FETCH_DOOR,
@@ -60,7 +60,8 @@ from .lightning_instruments import (
     progress_counters,
 )
 
-# Callbacks (_early_exit=True) of the tuner's own fit (lr_find, scale_batch_size): not training.
+# Lightning's tuner runs a fit of its own (Tuner.lr_find / scale_batch_size add one of these
+# callbacks with _early_exit=True, then call trainer.fit); that fit is not the user's training.
 _TUNER_CALLBACKS = frozenset({"LearningRateFinder", "BatchSizeFinder"})
 
 
@@ -185,7 +186,8 @@ class StepTiming:
         if not self.instruments.one_door:
             return
         self.session.clock.optimizer_from_backward = True
-        self.on_before_optimizer_step = None  # not callable: Lightning skips it (trainer/call.py)
+        # An attribute that is not callable: Lightning skips the hook (trainer/call.py).
+        self.on_before_optimizer_step = None
         self.instruments.add_undo(lambda: self.__dict__.pop("on_before_optimizer_step", None))
 
     def _end_steps_before_module_hook(self, trainer: Any, pl_module: Any) -> None:
@@ -198,8 +200,6 @@ class StepTiming:
         if self.instruments.end_steps_before_module_hook(trainer, pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
             self.instruments.add_undo(lambda: self.__dict__.pop("on_train_batch_end", None))
-            if self.instruments.one_door:  # no per-batch hook left: out of Lightning's dispatch
-                self.instruments.add_undo(out_of_callbacks_while_epochs_run(trainer, self))
 
     @entry_point("lightning.on_train_epoch_start", "Lightning's on_train_epoch_start hook")
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:

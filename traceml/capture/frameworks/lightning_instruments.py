@@ -265,7 +265,7 @@ class Instruments:
                 observer.optimizer_stepped()
                 return result
 
-        self._undo.append(set_instance_attribute(strategy, "optimizer_step", timed_optimizer_step))
+        self._undo.append(_set_instance_attribute(strategy, "optimizer_step", timed_optimizer_step))
 
     def _wrap_transfer(self, strategy: Any) -> None:
         original_transfer = strategy.batch_to_device
@@ -298,7 +298,7 @@ class Instruments:
                 return result
 
         self._undo.append(
-            set_instance_attribute(strategy, "batch_to_device", timed_batch_to_device)
+            _set_instance_attribute(strategy, "batch_to_device", timed_batch_to_device)
         )
 
     def _wrap_backward(self, strategy: Any) -> None:
@@ -312,7 +312,7 @@ class Instruments:
             finally:
                 observer.backward_ended()
 
-        self._undo.append(set_instance_attribute(strategy, "backward", timed_backward))
+        self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
 
     def _wrap_backward_once(self, strategy: Any, inside: InBackward) -> None:
         """Backward with one door after it. ``inside.depth`` (an integer on traceml's own
@@ -332,7 +332,7 @@ class Instruments:
                 inside.depth = 0
                 log((BACKWARD_DOOR, start, clock_ns()))
 
-        self._undo.append(set_instance_attribute(strategy, "backward", timed_backward))
+        self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
 
     def add_undo(self, undo: Any) -> None:
         self._undo.append(undo)
@@ -348,7 +348,7 @@ class Instruments:
         undo_all(self._undo)
 
 
-def set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Any:
+def _set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Any:
     """``owner.<name> = wrapper`` on this instance; the undo puts back what the instance had
     (its own attribute, if someone set one, else none) unless the attribute changed since."""
     missing = object()
