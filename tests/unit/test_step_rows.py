@@ -343,3 +343,80 @@ def test_the_batch_counts_of_a_line_add_up_as_count_adds_them_one_by_one():
     fields = [f for f in ProcessCounters.__slots__ if f != "seq"]
     assert [getattr(many.counters, f) for f in fields] == [getattr(one.counters, f) for f in fields]
     assert one.counters.batches == 9 and one.counters.samples == sum(e[4] for e in events)
+
+
+def _chunk(rnd, count: int) -> list:
+    """``count`` usual steps (a side door's event first), timestamps rising across them."""
+    now, steps = 10**12, []
+    for index in range(count):
+        times = []
+        for _ in range(10):
+            now += rnd.randint(1_000, 90_000)
+            times.append(now)
+        steps.append(
+            (
+                ("side", times[0] + 1, times[0] + 2, 8),
+                ("fetch", times[0], times[1]),
+                ("h2d", times[2], times[3]),
+                ("forward", times[4], times[5]),
+                ("backward", times[6], times[7]),
+                ("stepped", times[8]),
+                ("end", times[9], index, 0, None if index % 3 else 7, 1_000 + index),
+            )
+        )
+    return steps
+
+
+def _damaged(rnd, steps: list) -> list:
+    """One step of ``steps`` changed the way a step that is not a row differs."""
+    at = rnd.randrange(len(steps))
+    step = list(steps[at])
+    how = rnd.randrange(7)
+    if how == 0:  # phases that overlap
+        step[3] = ("forward", step[2][2] - 5, step[3][2])
+    elif how == 1:  # a door missing
+        del step[2]
+    elif how == 2:  # another door in its place
+        step[2] = ("other", *step[2][1:])
+    elif how == 3:  # an event of another length
+        step[5] = (*step[5], 0)
+    elif how == 4:  # the global step unknown
+        step[6] = (*step[6][:2], None, *step[6][3:])
+    elif how == 5:  # not a step's events at all
+        steps = [*steps[:at], {"kind": "sample"}, *steps[at + 1 :]]
+        return steps
+    else:  # in order inside, but it starts before the step before it ended
+        shift = step[6][1] - steps[at - 1][6][1] + 1 if at else 0
+        step = [
+            (e[0], *(v - shift if i < 3 and type(v) is int else v for i, v in enumerate(e[1:])))
+            for e in step
+        ]
+        step[6] = (step[6][0], step[6][1], *steps[at][6][2:])
+    return [*steps[:at], tuple(step), *steps[at + 1 :]]
+
+
+def test_rows_at_once_takes_a_usual_chunk_and_never_takes_what_step_by_step_would_not():
+    import random
+    from operator import itemgetter
+
+    from traceml.step_rows import RowLayout, rows_at_once, usable_rows
+
+    rnd = random.Random(23)
+    shape = ("side", "fetch", "h2d", "forward", "backward", "stepped", "end")
+    phases = itemgetter(slice(1, None))
+    taken = declined = 0
+    for trial in range(400):
+        steps = _chunk(rnd, rnd.choice((1, 2, 8, 16, 40)))
+        layout = RowLayout(shape, list(map(len, steps[0])), 1)
+        if trial % 2:
+            steps = _damaged(rnd, steps)
+        expected = usable_rows(steps, shape, phases)
+        made = rows_at_once(steps, layout)
+        if made is None:
+            declined += 1
+            assert trial % 2, "a chunk of usual steps in order was declined"
+            continue
+        taken += 1
+        assert made == expected and len(made) == len(steps)
+        assert all(len(row) == 14 for row in made)
+    assert taken > 200 and declined > 150

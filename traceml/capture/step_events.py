@@ -41,7 +41,7 @@ from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import TRACING
 from traceml.capture.sink import MAX_QUEUED
 from traceml.step_record import STEP_KEYS
-from traceml.step_rows import usable_rows
+from traceml.step_rows import RowLayout, rows_at_once, usable_rows
 
 _RSS_KEY = STEP_KEYS[schema.RSS]
 _COST_KEY = STEP_KEYS[schema.TRACEML_COST_US]
@@ -254,9 +254,11 @@ class EventReplay:
         or whose steps are unknown. ``_NOT_A_ROW`` where ``events`` is such a step (nothing
         done: the caller replays it); None where a side door failed (``failure`` set).
 
-        No bytecode a step: the steps go through C iterators (``step_rows.usable_rows``), a chunk
-        at a time, the first one small (a loop whose every step is unusable pays for eight
-        steps a step, not the whole queue). The record arithmetic is the reader's."""
+        No bytecode a step: the steps go through C iterators a chunk at a time, the first one
+        small (a loop whose every step is unusable pays for eight steps a step, not the whole
+        queue): the whole chunk checked column by column (``step_rows.rows_at_once``), else
+        step by step, to find where the line stops (``usable_rows``). The record arithmetic
+        is the reader's."""
         session = self.session
         event = events[-1]  # a failure is named after the step's end, or its side door
         first = len(events) - 6
@@ -266,11 +268,14 @@ class EventReplay:
             # steps a line (~200 KB).
             steps = [events, *queue]
             shape, phases = tuple(map(_NAME, events)), itemgetter(slice(first, None))
+            layout = RowLayout(shape, list(map(len, events)), first)
             rows: list[tuple[Any, ...]] = []
             size = _FIRST_CHUNK
             while len(rows) < len(steps):
                 chunk = steps[len(rows) : len(rows) + size]
-                made = usable_rows(chunk, shape, phases)
+                made = rows_at_once(chunk, layout)
+                if made is None:  # a step in it is not a row, or the chunk's order breaks
+                    made = usable_rows(chunk, shape, phases)
                 rows += made
                 if len(made) < len(chunk):
                     break
