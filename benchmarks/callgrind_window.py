@@ -10,7 +10,7 @@ instructions`` in ``overhead.py`` runs each variant under ``valgrind --tool=call
 The window is opened and closed by callgrind's client requests, which are machine-code
 markers; Python reaches them through a three-function C library built here once (needs gcc
 and valgrind's headers). Under callgrind a batch takes ~50x longer in wall time, so traceml's
-time-based work (the flusher's 100 ms, the sampler's 1 s, RSS every 10 ms) would happen ~50x
+time-based work (the flusher's 250 ms, the sampler's 1 s, RSS every 10 ms) would happen ~50x
 as often per batch: ``scale_intervals`` stretches those intervals by the same factor before
 traceml starts, so the count per batch is the native one.
 """
@@ -117,7 +117,7 @@ def _rank_sinks() -> list:
 
 
 def _flush(sinks: list) -> None:
-    """Build and write every queued step record now. The flusher builds them every 100 ms
+    """Build and write every queued step record now. The flusher builds them every 250 ms
     (stretched by ``scale_intervals``), which need not fall inside the window: without this,
     the records' cost was counted for some windows and not for others (+109k to +187k
     instructions per batch for the same code)."""

@@ -217,7 +217,7 @@ def own_cost_us(logs: Path, runs: str = "*", per_run=statistics.median) -> float
     """Median over the runs (``runs``: a glob of run names) of each run's ``per_run``
     (median by default) ``traceml_us`` per step. The mean is the report's figure and the one
     to set beside the side-by-side total (also a mean): the flusher's writes are counted on
-    one step every ~100 ms, which the median step never shows."""
+    one step every ~250 ms, which the median step never shows."""
     medians = []
     for path in logs.glob(f"{runs}/ranks/rank_*.jsonl"):
         costs = [

@@ -136,7 +136,7 @@ class RankRecorder:
 
     def _count_write_time(self, record: Any, written: int) -> None:
         """The rank file is written on the flusher thread, outside every entry point: that is
-        traceml's cost too, counted with the step that follows it (about every 100 ms)."""
+        traceml's cost too, counted with the step that follows it (about every 250 ms)."""
         # A dict (the CUDA path), or a closed step whose record the flusher builds (its
         # session fields in ``extra``).
         fields = record if isinstance(record, dict) else record.extra
