@@ -3,7 +3,7 @@ allocator's counters, NVML, how busy the device was; and memory imbalance across
 
 Pure (plain dicts and lists, no torch), called by the reducer for each rank. The memory trend
 of the host (RSS) comes from the step records, which carry RSS every step (at most every
-10 ms); the device's from the telemetry samples (current allocated bytes, about once a second:
+50 ms); the device's from the telemetry samples (current allocated bytes, about once a second:
 the per-step peak in step records is a running maximum, which one early spike flattens).
 """
 
