@@ -26,6 +26,7 @@ from procs import PYTHON, SCRIPTS, traced_env
 LEDGER = SCRIPTS / "ledger_lightning.py"
 # Scheduling on a loaded 2-core machine: the flusher may wait for the GIL and a core.
 SLACK_S = 0.15
+STEP_MS = 2  # the ledger script's step
 
 
 def steps_on_disk(path) -> list[int]:
@@ -44,7 +45,7 @@ def steps_on_disk(path) -> list[int]:
 
 def kill_while_training(tmp_path, name: str, seed: int) -> tuple[list[int], list[int], int]:
     ledger = tmp_path / f"{name}.ledger"
-    env = traced_env(tmp_path / "logs", name, LEDGER_PATH=ledger, LEDGER_STEP_MS=2)
+    env = traced_env(tmp_path / "logs", name, LEDGER_PATH=ledger, LEDGER_STEP_MS=STEP_MS)
     process = subprocess.Popen(
         [PYTHON, str(LEDGER)],
         env=env,
@@ -54,8 +55,8 @@ def kill_while_training(tmp_path, name: str, seed: int) -> tuple[list[int], list
     )
     try:
         deadline = time.monotonic() + 180
-        # Enough steps that 200 of them lie before the kill's bound (2 ms steps).
-        before_kill = 200 + int((FLUSH_INTERVAL_S + SLACK_S) * 500) + 100
+        # Enough steps that 200 of them lie before the kill's bound.
+        before_kill = 200 + int((FLUSH_INTERVAL_S + SLACK_S) * 1000 / STEP_MS) + 100
         while not (ledger.exists() and ledger.read_bytes().count(b"\n") >= before_kill):
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(
