@@ -3,9 +3,18 @@ test_attribution.py, test_fault_injection.py, test_transparency.py)."""
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import pytest
 
-from traceml.capture.frameworks.lightning_instruments import Instruments, _set_instance_attribute
+from traceml.capture.class_doors import door_on_class, set_instance_attribute
+from traceml.capture.frameworks.lightning_instruments import (
+    FETCH_DOOR,
+    ITERATOR_DOOR,
+    InBackward,
+    Instruments,
+)
 
 
 class Strategy:
@@ -35,11 +44,11 @@ def test_the_undo_gives_back_an_instance_attribute_that_was_there_before():
     strategy = Strategy()
     theirs = strategy.backward
     strategy.backward = theirs  # someone's own instance-level backward
-    undo = _set_instance_attribute(strategy, "backward", lambda loss: loss)
+    undo = set_instance_attribute(strategy, "backward", lambda loss: loss)
     undo()
     assert strategy.__dict__["backward"] is theirs
     plain = Strategy()
-    _set_instance_attribute(plain, "backward", lambda loss: loss)()
+    set_instance_attribute(plain, "backward", lambda loss: loss)()
     assert "backward" not in vars(plain)
 
 
@@ -93,27 +102,117 @@ class FetchObserver:
 
 
 @pytest.mark.parametrize("one_door", [True, False])
-def test_one_timed_fetcher_class_serves_the_event_log_and_the_guarded_doors(one_door):
-    from traceml.capture.frameworks import lightning_instruments as li
-
+def test_the_fetcher_doors_serve_the_event_log_and_the_guarded_doors(one_door):
     observer, logged = FetchObserver(), []
     instruments = Instruments(observer)
     instruments.one_door = one_door
     instruments.doors = logged.append if one_door else observer
-    fetcher = Fetcher(["a", "b"])
+    fetcher, other = Fetcher(["a", "b"]), Fetcher(["c"])
     instruments.instrument_fetcher(fetcher)
-    assert type(fetcher) is li.timed_fetcher_class(Fetcher)
-    assert type(fetcher).__name__ == "TraceMLTimedFetcher"
+    assert type(fetcher) is Fetcher  # the door is on the class, the object keeps its type
+    assert list(other) == ["c"]  # another fetcher of that class: straight through, untimed
     assert list(fetcher) == ["a", "b"]  # StopIteration passes through, not logged
     if one_door:
-        assert [event[0] for event in logged] == [li.ITERATOR_DOOR, li.FETCH_DOOR, li.FETCH_DOOR]
+        assert [event[0] for event in logged] == [ITERATOR_DOOR, FETCH_DOOR, FETCH_DOOR]
         assert all(len(event) == 3 and event[2] >= event[1] for event in logged)
         assert observer.calls == []
     else:
         assert observer.calls == [("iterator", True), ("fetched", True), ("fetched", True)]
         assert logged == []
     instruments.remove()
-    assert type(fetcher) is Fetcher and "_traceml_observer" not in vars(fetcher)
+    assert vars(Fetcher)["__next__"].__qualname__ == "Fetcher.__next__"  # the class's own back
+    assert vars(Fetcher)["__iter__"].__qualname__ == "Fetcher.__iter__"
+    assert list(fetcher) == ["a", "b"] and len(logged) + len(observer.calls) == 3
+
+
+def _has_own_dict(obj) -> bool:
+    """Whether ``obj``'s ``__dict__`` has been made (CPython 3.11+ keeps attribute values
+    inline until then: gc sees the values among its referents, not a dict). Without reading
+    ``obj.__dict__``, which would make it; only for objects with no dict among their values."""
+    return any(type(referent) is dict for referent in gc.get_referents(obj))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="attribute values inline since 3.11")
+def test_the_doors_leave_the_strategy_and_the_fetcher_without_a_dict_of_their_own():
+    # An instance-level door makes the object's __dict__ (a new attribute, a __class__
+    # assignment, a read of __dict__), and Lightning's ~80 method loads a batch on these two
+    # objects then lose the interpreter's fast path for good (~40,000 instructions a batch).
+    class Inline:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def backward(self, loss):
+            self.calls += 1
+            return loss
+
+    strategy, fetcher, logged = Inline(), Fetcher(["a"]), []
+    assert not _has_own_dict(strategy) and not _has_own_dict(fetcher)
+    instruments = Instruments(Observer())
+    instruments.one_door, instruments.doors = True, logged.append  # as install() sets them
+    instruments._wrap_backward_once(strategy, InBackward())
+    instruments.instrument_fetcher(fetcher)
+    assert strategy.backward("loss") == "loss" and list(fetcher) == ["a"]
+    assert [event[0] for event in logged] == [
+        "lightning.backward_timed",
+        ITERATOR_DOOR,
+        FETCH_DOOR,
+    ]
+    instruments.remove()
+    assert vars(Inline)["backward"].__qualname__.endswith("Inline.backward")  # as it was
+    assert strategy.calls == 1
+    assert not _has_own_dict(strategy) and not _has_own_dict(fetcher)
+    set_instance_attribute(strategy, "backward", lambda loss: loss)  # the way it was done
+    assert _has_own_dict(strategy)  # (what the check above would have seen)
+
+
+def test_a_door_on_the_class_times_only_its_own_object_and_goes_back():
+    class Strategy:
+        def step(self, value):
+            """the user's step"""
+            return value * 2
+
+    timed, other = Strategy(), Strategy()
+    seen = []
+
+    def make(call):
+        def door(this, *args, **kwargs):
+            if this is timed:
+                seen.append(args)
+            return call(this, *args, **kwargs)
+
+        return door
+
+    undo = door_on_class(timed, "step", make)
+    assert timed.step(2) == 4 and other.step(value=3) == 6
+    assert seen == [(2,)]
+    assert Strategy.step.__name__ == "step" and Strategy.step.__doc__ == "the user's step"
+    undo()
+    assert Strategy.step.__qualname__.endswith("Strategy.step") and timed.step(5) == 10
+    assert seen == [(2,)]
+
+
+def test_a_door_goes_on_the_instance_where_the_class_cannot_take_it():
+    class Strategy:
+        def step(self, value):
+            return value
+
+    theirs, seen = Strategy(), []
+    theirs.step = lambda value: ("theirs", value)  # the user's own instance attribute
+
+    def make(call):
+        def door(this, *args, **kwargs):
+            seen.append(this is theirs)
+            return call(this, *args, **kwargs)
+
+        return door
+
+    undo = door_on_class(theirs, "step", make)
+    assert vars(Strategy)["step"].__qualname__.endswith("Strategy.step")  # class untouched
+    assert theirs.step(1) == ("theirs", 1) and seen == [True]
+    undo()
+    assert theirs.step(2) == ("theirs", 2) and seen == [True]
+    with pytest.raises(TypeError, match="cannot be timed on its class"):
+        door_on_class(theirs, "step", make, on_instance=False)
 
 
 def test_the_progress_counters_read_what_global_step_and_current_epoch_read():

@@ -1,14 +1,17 @@
 """The places a Lightning training step is timed without a callback hook.
 
-* Input Wait: the training loop's data fetcher gets a timing subclass of its own class (per
-  instance, through ``__class__``), so validation fetchers and other trainers are untouched.
-* H2D: ``strategy.batch_to_device`` is wrapped on this strategy instance only.
-* Backward: ``strategy.backward`` is wrapped on this strategy instance only. Lightning's own
+* Input Wait: the training loop's data fetcher's ``__next__`` (and ``__iter__``) are wrapped,
+  on its class for the traced fit (``class_doors``: an instance-level door would cost Lightning's
+  method loads on that object their fast path); validation fetchers and other trainers' go
+  straight through.
+* H2D: ``strategy.batch_to_device`` is wrapped for this strategy instance only (on its class,
+  as the fetcher's).
+* Backward: ``strategy.backward`` is wrapped for this strategy instance only. Lightning's own
   ``on_before_backward`` / ``on_after_backward`` hooks would do, but each costs a hook dispatch
   per step (a profiler context and a call, ~3 us on the stress loop) on top of traceml's door;
   the wrapper is one frame, and its window is the same for every callback order (every
   callback's and the module's backward hooks, the DDP reducer's preparation, ``loss.backward``).
-* Optimizer's end: ``strategy.optimizer_step`` is wrapped on this strategy instance (its
+* Optimizer's end: ``strategy.optimizer_step`` is wrapped for this strategy instance (its
   return: the update is done; lr schedulers and batch-end callbacks after it are Residual).
 * The step's end: a door just before the LightningModule's own ``on_train_batch_end``, an
   instance-level wrapper that no copy of the module carries. Lightning calls that hook right
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from traceml.capture.class_doors import door_on_class
 from traceml.capture.clock import clock_ns
 from traceml.capture.forward_hooks import (
     add_forward_hooks,
@@ -46,41 +50,6 @@ from traceml.capture.forward_hooks import (
 )
 from traceml.capture.guard import declare
 from traceml.capture.undo import undo_all
-
-_timed_fetchers: dict[type, type] = {}
-
-
-def timed_fetcher_class(base: type) -> type:
-    """A subclass of the fetcher class ``base`` whose iteration logs its timing: the fetcher's
-    ``_traceml_observer`` is an event log, ``log((door, start, end))``: with one-door timing the
-    session's (``step_events``), else :func:`guarded_doors`' (the callback's entry points)."""
-    if base not in _timed_fetchers:
-
-        def __iter__(self):
-            log = self.__dict__.get("_traceml_observer")
-            start = clock_ns()
-            result = super(timed, self).__iter__()
-            if log is not None:
-                log((ITERATOR_DOOR, start, clock_ns()))
-            return result
-
-        def __next__(self):
-            log = self.__dict__.get("_traceml_observer")
-            start = clock_ns()
-            # base's method, looked up at each call, without a super object per batch; user
-            # errors and StopIteration pass through
-            batch = base.__next__(self)
-            if log is not None:
-                log((FETCH_DOOR, start, clock_ns()))
-            return batch
-
-        timed = type(
-            f"TraceMLTimed{base.__name__}",
-            (base,),
-            {"__iter__": __iter__, "__next__": __next__, "__module__": __name__},
-        )
-        _timed_fetchers[base] = timed
-    return _timed_fetchers[base]
 
 
 def guarded_doors(observer: Any) -> Any:
@@ -230,109 +199,147 @@ class Instruments:
         return True
 
     def instrument_fetcher(self, fetcher: Any) -> None:
-        """Input Wait: the one training fetcher gets a timing subclass of its own class (also
-        called again when reload_dataloaders_every_n_epochs gives the loop a new fetcher)."""
+        """Input Wait: doors on the one training fetcher's ``__iter__`` and ``__next__``, set
+        on its class (``class_doors``: every other fetcher of that class, validation's, goes
+        straight through). Also called again when reload_dataloaders_every_n_epochs gives the
+        loop a new fetcher."""
         if self._restore_fetcher is not None:
             self._restore_fetcher()
-        original_class = type(fetcher)
-        fetcher._traceml_observer = self.doors if self.one_door else guarded_doors(self.observer)
-        timed = fetcher.__class__ = timed_fetcher_class(original_class)
+        log = self.doors if self.one_door else guarded_doors(self.observer)
 
-        def restore_fetcher() -> None:
-            if type(fetcher) is timed:
-                fetcher.__class__ = original_class
-            fetcher.__dict__.pop("_traceml_observer", None)
+        def make_iter(iterate: Any) -> Any:
+            def __iter__(this: Any) -> Any:
+                if this is not fetcher:
+                    return iterate(this)
+                start = clock_ns()
+                result = iterate(this)
+                log((ITERATOR_DOOR, start, clock_ns()))
+                return result
 
+            return __iter__
+
+        def make_next(fetch: Any) -> Any:
+            def __next__(this: Any) -> Any:
+                if this is not fetcher:
+                    return fetch(this)
+                start = clock_ns()
+                batch = fetch(this)  # the user's errors and StopIteration pass through
+                log((FETCH_DOOR, start, clock_ns()))
+                return batch
+
+            return __next__
+
+        undo = [door_on_class(fetcher, "__iter__", make_iter, on_instance=False)]
+        try:
+            undo.append(door_on_class(fetcher, "__next__", make_next, on_instance=False))
+        except BaseException:
+            undo_all(undo)
+            raise
         self.fetcher = fetcher
-        self._restore_fetcher = restore_fetcher
+        self._restore_fetcher = lambda: undo_all(undo)
 
     def _wrap_optimizer_step(self, strategy: Any) -> None:
-        original_step = strategy.optimizer_step
-        observer = self.observer
+        observer, log = self.observer, self.doors
 
-        if self.one_door:
-            log = self.doors
+        def make(step: Any) -> Any:
+            if self.one_door:
 
-            def timed_optimizer_step(*args: Any, **kwargs: Any) -> Any:
-                result = original_step(*args, **kwargs)  # the user's errors pass through
-                log((STEPPED_DOOR, clock_ns()))
-                return result
+                def timed_optimizer_step(this: Any, *args: Any, **kwargs: Any) -> Any:
+                    result = step(this, *args, **kwargs)  # the user's errors pass through
+                    if this is strategy:
+                        log((STEPPED_DOOR, clock_ns()))
+                    return result
 
-        else:
+            else:
 
-            def timed_optimizer_step(*args: Any, **kwargs: Any) -> Any:
-                result = original_step(*args, **kwargs)  # the user's errors pass through
-                observer.optimizer_stepped()
-                return result
+                def timed_optimizer_step(this: Any, *args: Any, **kwargs: Any) -> Any:
+                    result = step(this, *args, **kwargs)  # the user's errors pass through
+                    if this is strategy:
+                        observer.optimizer_stepped()
+                    return result
 
-        self._undo.append(_set_instance_attribute(strategy, "optimizer_step", timed_optimizer_step))
+            return timed_optimizer_step
+
+        self._undo.append(door_on_class(strategy, "optimizer_step", make))
 
     def _wrap_transfer(self, strategy: Any) -> None:
-        original_transfer = strategy.batch_to_device
-        observer = self.observer
+        observer, log = self.observer, self.doors
+        start_doors, one_door = observer.needs_start_doors(), self.one_door
 
-        if observer.needs_start_doors():
-            # A CUDA event to record, or collectives to place in H2D: a door before too.
-            def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
-                token = observer.transfer_started()
-                result = original_transfer(*args, **kwargs)
-                if token is not None:
-                    observer.transferred(token)
-                return result
+        def make(transfer: Any) -> Any:
+            if start_doors:
+                # A CUDA event to record, or collectives to place in H2D: a door before too.
+                def timed_batch_to_device(this: Any, *args: Any, **kwargs: Any) -> Any:
+                    if this is not strategy:
+                        return transfer(this, *args, **kwargs)
+                    token = observer.transfer_started()
+                    result = transfer(this, *args, **kwargs)
+                    if token is not None:
+                        observer.transferred(token)
+                    return result
 
-        elif self.one_door:
-            log = self.doors
+            elif one_door:
 
-            def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
-                start = clock_ns()
-                result = original_transfer(*args, **kwargs)
-                log((H2D_DOOR, start, clock_ns()))
-                return result
+                def timed_batch_to_device(this: Any, *args: Any, **kwargs: Any) -> Any:
+                    if this is not strategy:
+                        return transfer(this, *args, **kwargs)
+                    start = clock_ns()
+                    result = transfer(this, *args, **kwargs)
+                    log((H2D_DOOR, start, clock_ns()))
+                    return result
 
-        else:
+            else:
 
-            def timed_batch_to_device(*args: Any, **kwargs: Any) -> Any:
-                start = clock_ns()
-                result = original_transfer(*args, **kwargs)
-                observer.transferred(start)
-                return result
+                def timed_batch_to_device(this: Any, *args: Any, **kwargs: Any) -> Any:
+                    if this is not strategy:
+                        return transfer(this, *args, **kwargs)
+                    start = clock_ns()
+                    result = transfer(this, *args, **kwargs)
+                    observer.transferred(start)
+                    return result
 
-        self._undo.append(
-            _set_instance_attribute(strategy, "batch_to_device", timed_batch_to_device)
-        )
+            return timed_batch_to_device
+
+        self._undo.append(door_on_class(strategy, "batch_to_device", make))
 
     def _wrap_backward(self, strategy: Any) -> None:
-        original_backward = strategy.backward
         observer = self.observer
 
-        def timed_backward(*args: Any, **kwargs: Any) -> Any:
-            observer.backward_started()
-            try:
-                return original_backward(*args, **kwargs)  # the user's errors pass through
-            finally:
-                observer.backward_ended()
+        def make(backward: Any) -> Any:
+            def timed_backward(this: Any, *args: Any, **kwargs: Any) -> Any:
+                if this is not strategy:
+                    return backward(this, *args, **kwargs)
+                observer.backward_started()
+                try:
+                    return backward(this, *args, **kwargs)  # the user's errors pass through
+                finally:
+                    observer.backward_ended()
 
-        self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
+            return timed_backward
+
+        self._undo.append(door_on_class(strategy, "backward", make))
 
     def _wrap_backward_once(self, strategy: Any, inside: InBackward) -> None:
         """Backward with one door after it. ``inside.depth`` (an integer on traceml's own
         object: nothing to fail) tells the one-door forward that a forward run now is a
         recomputation inside backward (activation checkpointing): Backward, not Forward."""
-        original_backward = strategy.backward
         log = self.doors
 
-        def timed_backward(*args: Any, **kwargs: Any) -> Any:
-            if inside.depth:
-                return original_backward(*args, **kwargs)
-            inside.depth = 1
-            start = clock_ns()
-            try:
-                return original_backward(*args, **kwargs)  # the user's errors pass through
-            finally:
-                inside.depth = 0
-                log((BACKWARD_DOOR, start, clock_ns()))
+        def make(backward: Any) -> Any:
+            def timed_backward(this: Any, *args: Any, **kwargs: Any) -> Any:
+                if inside.depth or this is not strategy:
+                    return backward(this, *args, **kwargs)
+                inside.depth = 1
+                start = clock_ns()
+                try:
+                    return backward(this, *args, **kwargs)  # the user's errors pass through
+                finally:
+                    inside.depth = 0
+                    log((BACKWARD_DOOR, start, clock_ns()))
 
-        self._undo.append(_set_instance_attribute(strategy, "backward", timed_backward))
+            return timed_backward
+
+        self._undo.append(door_on_class(strategy, "backward", make))
 
     def add_undo(self, undo: Any) -> None:
         self._undo.append(undo)
@@ -346,20 +353,3 @@ class Instruments:
             except Exception:
                 pass
         undo_all(self._undo)
-
-
-def _set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Any:
-    """``owner.<name> = wrapper`` on this instance; the undo puts back what the instance had
-    (its own attribute, if someone set one, else none) unless the attribute changed since."""
-    missing = object()
-    previous = owner.__dict__.get(name, missing)
-    setattr(owner, name, wrapper)
-
-    def restore() -> None:
-        if owner.__dict__.get(name) is wrapper:
-            if previous is missing:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, previous)
-
-    return restore

@@ -1,0 +1,96 @@
+"""A door on one object's method, set on the object's class for the traced training.
+
+Why not on the instance: on CPython 3.11 and later, an object keeps its attribute values
+inline, and the interpreter's specialized method loads (``self.strategy.backward(...)``) hold
+only while the object has no ``__dict__`` of its own made. A new instance attribute (beyond
+what its class's shared keys hold), a read of ``obj.__dict__`` or a ``__class__`` assignment
+makes one, and from then on every method load on that object takes the generic lookup.
+Lightning loads the strategy's and the data fetcher's methods ~80 times a batch: instance-level
+wrappers there cost ~40,000 instructions a batch on the stress loop (callgrind, with every
+door taken away again: more than the doors themselves), and those objects never recover.
+
+So the door is set on the object's own class while the training is traced, and every other
+instance of that class goes straight through (one identity check). Where that cannot be done
+(the object has an attribute of that name of its own, the class's is not a plain function, the
+class takes no attributes), the door is an instance attribute, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import FunctionType, MethodType
+from typing import Any
+
+Door = Callable[..., Any]  # door(self, *args, **kwargs)
+
+
+def door_on_class(
+    owner: Any,
+    name: str,
+    make: Callable[[Callable[..., Any]], Door],
+    on_instance: bool = True,
+) -> Callable[[], None]:
+    """Time ``owner.<name>`` with ``make(call)``: a function ``door(self, *args, **kwargs)``
+    that runs ``call(self, *args, **kwargs)`` (the untimed method) exactly once and must time
+    only ``self is owner``. Set on ``type(owner)`` where it can be, else on the instance
+    (``on_instance=False``: a TypeError instead; a special method such as ``__next__`` is read
+    from the class only). Returns the undo."""
+    cls = type(owner)
+    original = getattr(cls, name, None)
+    bound = getattr(owner, name)
+    if (
+        isinstance(original, FunctionType)
+        and isinstance(bound, MethodType)
+        and bound.__func__ is original  # else the instance has its own attribute
+        and bound.__self__ is owner
+    ):
+        door = make(original)
+        _look_like(door, original)
+        missing = object()
+        previous = cls.__dict__.get(name, missing)  # a mappingproxy: nothing made
+        try:
+            setattr(cls, name, door)
+        except (TypeError, AttributeError):  # a class that takes no attributes
+            pass
+        else:
+
+            def undo() -> None:
+                if cls.__dict__.get(name) is door:  # else someone replaced it since: theirs
+                    if previous is missing:
+                        delattr(cls, name)
+                    else:
+                        setattr(cls, name, previous)
+
+            return undo
+    if not on_instance:
+        raise TypeError(f"{cls.__name__}.{name} cannot be timed on its class")
+
+    def call(_self: Any, *args: Any, **kwargs: Any) -> Any:
+        return bound(*args, **kwargs)
+
+    return set_instance_attribute(owner, name, MethodType(make(call), owner))
+
+
+def set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Callable[[], None]:
+    """``owner.<name> = wrapper`` on this instance; the undo puts back what the instance had
+    (its own attribute, if someone set one, else none) unless the attribute changed since."""
+    missing = object()
+    previous = owner.__dict__.get(name, missing)
+    setattr(owner, name, wrapper)
+
+    def restore() -> None:
+        if owner.__dict__.get(name) is wrapper:
+            if previous is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, previous)
+
+    return restore
+
+
+def _look_like(door: Door, original: Any) -> None:
+    """What code that inspects the class's method reads: its name, module and docstring."""
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        value = getattr(original, attribute, None)
+        if value is not None:
+            setattr(door, attribute, value)
