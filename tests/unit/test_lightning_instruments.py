@@ -56,7 +56,8 @@ def test_the_undo_gives_back_an_instance_attribute_that_was_there_before():
 def test_a_raising_backward_passes_through_and_leaves_nothing_open(one_door):
     from traceml.capture.frameworks.lightning_instruments import InBackward
 
-    strategy, observer = Strategy(), Observer()
+    strategy, other, observer = Strategy(), Strategy(), Observer()
+    original = vars(Strategy)["backward"]
     instruments = Instruments(observer)
     inside = InBackward()
     if one_door:
@@ -68,9 +69,53 @@ def test_a_raising_backward_passes_through_and_leaves_nothing_open(one_door):
         strategy.backward("raise")
     assert inside.depth == 0
     assert observer.calls == (["timed"] if one_door else ["started", "ended"])
+    assert other.backward("theirs") == "theirs"  # another strategy of that class: untimed
+    assert observer.calls == (["timed"] if one_door else ["started", "ended"])
     assert strategy.backward("loss") == "loss"
+    assert vars(Strategy)["backward"] is not original  # the door, on the class
     instruments.remove()
-    assert "backward" not in vars(strategy)
+    assert "backward" not in vars(strategy) and vars(Strategy)["backward"] is original
+
+
+@pytest.mark.parametrize("one_door", [True, False])
+def test_the_transfer_and_optimizer_doors_time_only_the_traced_strategy(one_door):
+    class Steps:
+        def batch_to_device(self, batch):
+            return batch
+
+        def optimizer_step(self, value):
+            return value + 1
+
+    class Doors:  # the event log (one door) or the observer's entry points
+        needs_start_doors = staticmethod(lambda: False)
+
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def __call__(self, event) -> None:
+            self.calls.append(event[0])
+
+        def transferred(self, start) -> None:
+            self.calls.append("transferred")
+
+        def optimizer_stepped(self) -> None:
+            self.calls.append("stepped")
+
+    originals = dict(vars(Steps))
+    strategy, other, doors = Steps(), Steps(), Doors()
+    instruments = Instruments(doors)
+    instruments.one_door, instruments.doors = one_door, doors
+    instruments._wrap_transfer(strategy)
+    instruments._wrap_optimizer_step(strategy)
+    assert other.batch_to_device("b") == "b" and other.optimizer_step(1) == 2
+    assert doors.calls == []  # another strategy of that class goes straight through
+    assert strategy.batch_to_device("b") == "b" and strategy.optimizer_step(1) == 2
+    if one_door:
+        assert doors.calls == ["lightning.batch_transferred", "lightning.optimizer_stepped"]
+    else:
+        assert doors.calls == ["transferred", "stepped"]
+    instruments.remove()
+    assert dict(vars(Steps)) == originals  # the class as it was, function for function
 
 
 class Fetcher:
@@ -108,6 +153,7 @@ def test_the_fetcher_doors_serve_the_event_log_and_the_guarded_doors(one_door):
     instruments.one_door = one_door
     instruments.doors = logged.append if one_door else observer
     fetcher, other = Fetcher(["a", "b"]), Fetcher(["c"])
+    originals = dict(vars(Fetcher))
     instruments.instrument_fetcher(fetcher)
     assert type(fetcher) is Fetcher  # the door is on the class, the object keeps its type
     assert list(other) == ["c"]  # another fetcher of that class: straight through, untimed
@@ -120,8 +166,7 @@ def test_the_fetcher_doors_serve_the_event_log_and_the_guarded_doors(one_door):
         assert observer.calls == [("iterator", True), ("fetched", True), ("fetched", True)]
         assert logged == []
     instruments.remove()
-    assert vars(Fetcher)["__next__"].__qualname__ == "Fetcher.__next__"  # the class's own back
-    assert vars(Fetcher)["__iter__"].__qualname__ == "Fetcher.__iter__"
+    assert dict(vars(Fetcher)) == originals  # the class's own methods back
     assert list(fetcher) == ["a", "b"] and len(logged) + len(observer.calls) == 3
 
 
@@ -146,6 +191,7 @@ def test_the_doors_leave_the_strategy_and_the_fetcher_without_a_dict_of_their_ow
             return loss
 
     strategy, fetcher, logged = Inline(), Fetcher(["a"]), []
+    original = vars(Inline)["backward"]
     assert not _has_own_dict(strategy) and not _has_own_dict(fetcher)
     instruments = Instruments(Observer())
     instruments.one_door, instruments.doors = True, logged.append  # as install() sets them
@@ -158,7 +204,7 @@ def test_the_doors_leave_the_strategy_and_the_fetcher_without_a_dict_of_their_ow
         FETCH_DOOR,
     ]
     instruments.remove()
-    assert vars(Inline)["backward"].__qualname__.endswith("Inline.backward")  # as it was
+    assert vars(Inline)["backward"] is original  # the class as it was
     assert strategy.calls == 1
     assert not _has_own_dict(strategy) and not _has_own_dict(fetcher)
     set_instance_attribute(strategy, "backward", lambda loss: loss)  # the way it was done
@@ -172,11 +218,11 @@ def test_a_door_on_the_class_times_only_its_own_object_and_goes_back():
             return value * 2
 
     timed, other = Strategy(), Strategy()
-    seen = []
+    original, seen = vars(Strategy)["step"], []
 
-    def make(call):
+    def make(call, target):
         def door(this, *args, **kwargs):
-            if this is timed:
+            if this is target.obj:
                 seen.append(args)
             return call(this, *args, **kwargs)
 
@@ -186,9 +232,53 @@ def test_a_door_on_the_class_times_only_its_own_object_and_goes_back():
     assert timed.step(2) == 4 and other.step(value=3) == 6
     assert seen == [(2,)]
     assert Strategy.step.__name__ == "step" and Strategy.step.__doc__ == "the user's step"
+    assert Strategy.step.__wrapped__ is original
     undo()
-    assert Strategy.step.__qualname__.endswith("Strategy.step") and timed.step(5) == 10
+    assert vars(Strategy)["step"] is original and timed.step(5) == 10
     assert seen == [(2,)]
+
+
+def test_a_door_left_on_its_class_by_an_undo_out_of_order_times_and_keeps_nothing():
+    import weakref
+
+    class Strategy:
+        def step(self, value):
+            return value
+
+    timed, seen = Strategy(), []
+
+    def make(call, target):
+        def door(this, *args, **kwargs):
+            if this is target.obj:
+                seen.append(args)
+            return call(this, *args, **kwargs)
+
+        return door
+
+    first = door_on_class(timed, "step", make)
+    second = door_on_class(timed, "step", make)  # stacked on the first
+    first()  # out of order: the first door stays under the second
+    second()  # puts the first door back on the class
+    assert timed.step(1) == 1 and seen == []  # it times nothing
+    gone = weakref.ref(timed)
+    del timed
+    gc.collect()
+    assert gone() is None  # and keeps nothing alive
+
+
+def test_a_door_on_an_inherited_special_method_leaves_the_parents_behind():
+    class Sub(Fetcher):
+        pass
+
+    fetcher, logged = Sub(["a", "b"]), []
+    instruments = Instruments(FetchObserver())
+    instruments.one_door, instruments.doors = True, logged.append
+    instruments.instrument_fetcher(fetcher)
+    assert "__next__" in vars(Sub)
+    assert list(fetcher) == ["a", "b"] and len(logged) == 3
+    instruments.remove()
+    assert "__next__" not in vars(Sub) and "__iter__" not in vars(Sub)
+    assert list(fetcher) == ["a", "b"] and len(logged) == 3  # the parent's, untimed
 
 
 def test_a_door_goes_on_the_instance_where_the_class_cannot_take_it():
@@ -196,21 +286,22 @@ def test_a_door_goes_on_the_instance_where_the_class_cannot_take_it():
         def step(self, value):
             return value
 
-    theirs, seen = Strategy(), []
+    theirs, seen, original = Strategy(), [], vars(Strategy)["step"]
     theirs.step = lambda value: ("theirs", value)  # the user's own instance attribute
 
-    def make(call):
+    def make(call, target):
         def door(this, *args, **kwargs):
-            seen.append(this is theirs)
+            seen.append(this is target.obj)
             return call(this, *args, **kwargs)
 
         return door
 
     undo = door_on_class(theirs, "step", make)
-    assert vars(Strategy)["step"].__qualname__.endswith("Strategy.step")  # class untouched
+    assert vars(Strategy)["step"] is original  # the class untouched
     assert theirs.step(1) == ("theirs", 1) and seen == [True]
     undo()
     assert theirs.step(2) == ("theirs", 2) and seen == [True]
+    assert vars(theirs)["step"](3) == ("theirs", 3)  # their own attribute, back
     with pytest.raises(TypeError, match="cannot be timed on its class"):
         door_on_class(theirs, "step", make, on_instance=False)
 

@@ -24,18 +24,30 @@ from typing import Any
 Door = Callable[..., Any]  # door(self, *args, **kwargs)
 
 
+class Target:
+    """The one object a door times (``target.obj``). The undo sets it to None: a door that
+    must stay on its class (another patch stacked on it, taken away out of order) then times
+    nothing and keeps nothing alive."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+
 def door_on_class(
     owner: Any,
     name: str,
-    make: Callable[[Callable[..., Any]], Door],
+    make: Callable[[Callable[..., Any], Target], Door],
     on_instance: bool = True,
 ) -> Callable[[], None]:
-    """Time ``owner.<name>`` with ``make(call)``: a function ``door(self, *args, **kwargs)``
-    that runs ``call(self, *args, **kwargs)`` (the untimed method) exactly once and must time
-    only ``self is owner``. Set on ``type(owner)`` where it can be, else on the instance
-    (``on_instance=False``: a TypeError instead; a special method such as ``__next__`` is read
-    from the class only). Returns the undo."""
-    cls = type(owner)
+    """Time ``owner.<name>`` with ``make(call, target)``: a function ``door(self, *args,
+    **kwargs)`` that runs ``call(self, *args, **kwargs)`` (the untimed method) exactly once
+    and must time only ``self is target.obj`` (``owner`` until the undo). Set on
+    ``type(owner)`` where it can be, else on the instance (``on_instance=False``: a TypeError
+    instead; a special method such as ``__next__`` is read from the class only). Returns the
+    undo."""
+    cls, target = type(owner), Target(owner)
     original = getattr(cls, name, None)
     bound = getattr(owner, name)
     if (
@@ -44,7 +56,7 @@ def door_on_class(
         and bound.__func__ is original  # else the instance has its own attribute
         and bound.__self__ is owner
     ):
-        door = make(original)
+        door = make(original, target)
         _look_like(door, original)
         missing = object()
         previous = cls.__dict__.get(name, missing)  # a mappingproxy: nothing made
@@ -55,6 +67,7 @@ def door_on_class(
         else:
 
             def undo() -> None:
+                target.obj = None
                 if cls.__dict__.get(name) is door:  # else someone replaced it since: theirs
                     if previous is missing:
                         delattr(cls, name)
@@ -68,7 +81,13 @@ def door_on_class(
     def call(_self: Any, *args: Any, **kwargs: Any) -> Any:
         return bound(*args, **kwargs)
 
-    return set_instance_attribute(owner, name, MethodType(make(call), owner))
+    restore = set_instance_attribute(owner, name, MethodType(make(call, target), owner))
+
+    def undo_on_instance() -> None:
+        target.obj = None
+        restore()
+
+    return undo_on_instance
 
 
 def set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Callable[[], None]:
@@ -89,8 +108,10 @@ def set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Callable[[], 
 
 
 def _look_like(door: Door, original: Any) -> None:
-    """What code that inspects the class's method reads: its name, module and docstring."""
+    """What code that inspects the class's method reads: its name, module and docstring, and
+    ``__wrapped__`` (``inspect.signature`` and Lightning's ``is_overridden`` follow it)."""
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
         value = getattr(original, attribute, None)
         if value is not None:
             setattr(door, attribute, value)
+    door.__wrapped__ = original

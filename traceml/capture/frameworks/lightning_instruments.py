@@ -207,9 +207,9 @@ class Instruments:
             self._restore_fetcher()
         log = self.doors if self.one_door else guarded_doors(self.observer)
 
-        def make_iter(iterate: Any) -> Any:
+        def make_iter(iterate: Any, target: Any) -> Any:
             def __iter__(this: Any) -> Any:
-                if this is not fetcher:
+                if this is not target.obj:
                     return iterate(this)
                 start = clock_ns()
                 result = iterate(this)
@@ -218,9 +218,9 @@ class Instruments:
 
             return __iter__
 
-        def make_next(fetch: Any) -> Any:
+        def make_next(fetch: Any, target: Any) -> Any:
             def __next__(this: Any) -> Any:
-                if this is not fetcher:
+                if this is not target.obj:
                     return fetch(this)
                 start = clock_ns()
                 batch = fetch(this)  # the user's errors and StopIteration pass through
@@ -241,12 +241,12 @@ class Instruments:
     def _wrap_optimizer_step(self, strategy: Any) -> None:
         observer, log = self.observer, self.doors
 
-        def make(step: Any) -> Any:
+        def make(step: Any, target: Any) -> Any:
             if self.one_door:
 
                 def timed_optimizer_step(this: Any, *args: Any, **kwargs: Any) -> Any:
                     result = step(this, *args, **kwargs)  # the user's errors pass through
-                    if this is strategy:
+                    if this is target.obj:
                         log((STEPPED_DOOR, clock_ns()))
                     return result
 
@@ -254,7 +254,7 @@ class Instruments:
 
                 def timed_optimizer_step(this: Any, *args: Any, **kwargs: Any) -> Any:
                     result = step(this, *args, **kwargs)  # the user's errors pass through
-                    if this is strategy:
+                    if this is target.obj:
                         observer.optimizer_stepped()
                     return result
 
@@ -266,11 +266,11 @@ class Instruments:
         observer, log = self.observer, self.doors
         start_doors, one_door = observer.needs_start_doors(), self.one_door
 
-        def make(transfer: Any) -> Any:
+        def make(transfer: Any, target: Any) -> Any:
             if start_doors:
                 # A CUDA event to record, or collectives to place in H2D: a door before too.
                 def timed_batch_to_device(this: Any, *args: Any, **kwargs: Any) -> Any:
-                    if this is not strategy:
+                    if this is not target.obj:
                         return transfer(this, *args, **kwargs)
                     token = observer.transfer_started()
                     result = transfer(this, *args, **kwargs)
@@ -281,7 +281,7 @@ class Instruments:
             elif one_door:
 
                 def timed_batch_to_device(this: Any, *args: Any, **kwargs: Any) -> Any:
-                    if this is not strategy:
+                    if this is not target.obj:
                         return transfer(this, *args, **kwargs)
                     start = clock_ns()
                     result = transfer(this, *args, **kwargs)
@@ -291,7 +291,7 @@ class Instruments:
             else:
 
                 def timed_batch_to_device(this: Any, *args: Any, **kwargs: Any) -> Any:
-                    if this is not strategy:
+                    if this is not target.obj:
                         return transfer(this, *args, **kwargs)
                     start = clock_ns()
                     result = transfer(this, *args, **kwargs)
@@ -305,9 +305,9 @@ class Instruments:
     def _wrap_backward(self, strategy: Any) -> None:
         observer = self.observer
 
-        def make(backward: Any) -> Any:
+        def make(backward: Any, target: Any) -> Any:
             def timed_backward(this: Any, *args: Any, **kwargs: Any) -> Any:
-                if this is not strategy:
+                if this is not target.obj:
                     return backward(this, *args, **kwargs)
                 observer.backward_started()
                 try:
@@ -325,9 +325,9 @@ class Instruments:
         recomputation inside backward (activation checkpointing): Backward, not Forward."""
         log = self.doors
 
-        def make(backward: Any) -> Any:
+        def make(backward: Any, target: Any) -> Any:
             def timed_backward(this: Any, *args: Any, **kwargs: Any) -> Any:
-                if inside.depth or this is not strategy:
+                if inside.depth or this is not target.obj:
                     return backward(this, *args, **kwargs)
                 inside.depth = 1
                 start = clock_ns()
