@@ -211,14 +211,8 @@ def test_the_doors_leave_the_strategy_and_the_fetcher_without_a_dict_of_their_ow
     assert _has_own_dict(strategy)  # (what the check above would have seen)
 
 
-def test_a_door_on_the_class_times_only_its_own_object_and_goes_back():
-    class Strategy:
-        def step(self, value):
-            """the user's step"""
-            return value * 2
-
-    timed, other = Strategy(), Strategy()
-    original, seen = vars(Strategy)["step"], []
+def _recording(seen: list):
+    """A door maker whose door notes the arguments of its own object's calls in ``seen``."""
 
     def make(call, target):
         def door(this, *args, **kwargs):
@@ -228,7 +222,19 @@ def test_a_door_on_the_class_times_only_its_own_object_and_goes_back():
 
         return door
 
-    undo = door_on_class(timed, "step", make)
+    return make
+
+
+def test_a_door_on_the_class_times_only_its_own_object_and_goes_back():
+    class Strategy:
+        def step(self, value):
+            """the user's step"""
+            return value * 2
+
+    timed, other = Strategy(), Strategy()
+    original, seen = vars(Strategy)["step"], []
+
+    undo = door_on_class(timed, "step", _recording(seen))
     assert timed.step(2) == 4 and other.step(value=3) == 6
     assert seen == [(2,)]
     assert Strategy.step.__name__ == "step" and Strategy.step.__doc__ == "the user's step"
@@ -247,16 +253,8 @@ def test_a_door_left_on_its_class_by_an_undo_out_of_order_times_and_keeps_nothin
 
     timed, seen = Strategy(), []
 
-    def make(call, target):
-        def door(this, *args, **kwargs):
-            if this is target.obj:
-                seen.append(args)
-            return call(this, *args, **kwargs)
-
-        return door
-
-    first = door_on_class(timed, "step", make)
-    second = door_on_class(timed, "step", make)  # stacked on the first
+    first = door_on_class(timed, "step", _recording(seen))
+    second = door_on_class(timed, "step", _recording(seen))  # stacked on the first
     first()  # out of order: the first door stays under the second
     second()  # puts the first door back on the class
     assert timed.step(1) == 1 and seen == []  # it times nothing

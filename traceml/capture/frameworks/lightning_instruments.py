@@ -207,31 +207,23 @@ class Instruments:
             self._restore_fetcher()
         log = self.doors if self.one_door else guarded_doors(self.observer)
 
-        def make_iter(iterate: Any, target: Any) -> Any:
-            def __iter__(this: Any) -> Any:
-                if this is not target.obj:
-                    return iterate(this)
-                start = clock_ns()
-                result = iterate(this)
-                log((ITERATOR_DOOR, start, clock_ns()))
-                return result
+        def timed(door: str) -> Any:
+            def make(untimed: Any, target: Any) -> Any:  # __iter__'s and __next__'s door
+                def fetcher_door(this: Any) -> Any:
+                    if this is not target.obj:
+                        return untimed(this)
+                    start = clock_ns()
+                    result = untimed(this)  # the user's errors and StopIteration pass through
+                    log((door, start, clock_ns()))
+                    return result
 
-            return __iter__
+                return fetcher_door
 
-        def make_next(fetch: Any, target: Any) -> Any:
-            def __next__(this: Any) -> Any:
-                if this is not target.obj:
-                    return fetch(this)
-                start = clock_ns()
-                batch = fetch(this)  # the user's errors and StopIteration pass through
-                log((FETCH_DOOR, start, clock_ns()))
-                return batch
+            return make
 
-            return __next__
-
-        undo = [door_on_class(fetcher, "__iter__", make_iter, on_instance=False)]
+        undo = [door_on_class(fetcher, "__iter__", timed(ITERATOR_DOOR), on_instance=False)]
         try:
-            undo.append(door_on_class(fetcher, "__next__", make_next, on_instance=False))
+            undo.append(door_on_class(fetcher, "__next__", timed(FETCH_DOOR), on_instance=False))
         except BaseException:
             undo_all(undo)
             raise
