@@ -8,6 +8,7 @@ hands out a half-written slot; the process-wide start method is left unset.
 from __future__ import annotations
 
 import copy
+import gc
 import multiprocessing
 import os
 import pickle
@@ -110,6 +111,28 @@ def test_the_users_objects_keep_their_class_and_pickle_as_untraced(timed):
     assert type(copy.deepcopy(dataset)) is Squares
     buffer = pickle.loads(pickle.dumps(dataset))
     assert type(buffer) is Squares and buffer.calls == dataset.calls
+
+
+def _has_own_dict(obj) -> bool:
+    # gc's view, not obj.__dict__: reading that would make the dict this looks for
+    return any(type(referent) is dict for referent in gc.get_referents(obj))
+
+
+def test_the_fetcher_keeps_its_class_no_dict_of_its_own_and_its_class_comes_back():
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    untimed = _MapDatasetFetcher.__dict__["fetch"]
+    loader = DataLoader(Squares(), batch_size=4, collate_fn=stack)
+    timing, _ = dataloader.install_input_timing(loader, Owner())
+    iterator = iter(loader)
+    next(iterator)
+    fetcher = iterator._dataset_fetcher
+    assert type(fetcher) is _MapDatasetFetcher and not _has_own_dict(fetcher)
+    assert _MapDatasetFetcher.fetch.__wrapped__ is untimed  # inspect sees torch's
+    timing.uninstall()
+    assert _MapDatasetFetcher.__dict__["fetch"] is untimed
+    assert [b.tolist() for b in iterator] == [[[16], [25], [36], [49]], [[64], [81]]]
+    assert timing.epoch_record(0)["producers"][0]["batches"] == 1  # untimed after the undo
 
 
 def test_a_validation_loader_over_the_same_dataset_is_not_counted(timed):

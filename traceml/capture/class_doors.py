@@ -57,7 +57,7 @@ def door_on_class(
         and bound.__self__ is owner
     ):
         door = make(original, target)
-        _look_like(door, original)
+        look_like(door, original)
         missing = object()
         previous = cls.__dict__.get(name, missing)  # a mappingproxy: nothing made
         try:
@@ -107,7 +107,7 @@ def set_instance_attribute(owner: Any, name: str, wrapper: Any) -> Callable[[], 
     return restore
 
 
-def _look_like(door: Door, original: Any) -> None:
+def look_like(door: Door, original: Any) -> None:
     """What code that inspects the class's method reads: its name, module and docstring, and
     ``__wrapped__`` (``inspect.signature`` and Lightning's ``is_overridden`` follow it)."""
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):

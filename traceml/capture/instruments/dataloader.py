@@ -13,14 +13,12 @@ torch's own per-iterator machinery:
 
 * ``DataLoader._get_iterator`` is wrapped (class attribute, for the traced fit only) and acts on
   the one traced loader, found by identity. With ``num_workers=0`` the new iterator's dataset
-  fetcher (torch-internal, never pickled) gets a timing subclass of its class and a timing
-  ``collate_fn`` of its own.
+  fetcher (torch-internal, never pickled) gets a timing ``collate_fn`` and is timed by a door
+  on its class (:mod:`input_fetch`).
 * With workers, the loader's ``worker_init_fn`` is a picklable wrapper only while the iterator
-  starts its workers. In each worker it has torch's ``_DatasetKind.create_fetcher`` time the
-  fetchers it makes, then runs the user's ``worker_init_fn``.
-
-The fetcher's ``fetch`` runs the item calls then ``collate_fn`` (torch's ``_utils/fetch.py``):
-its start, the collate's start and its end split a batch into item and collate time.
+  starts its workers. In each worker it sets that door and has torch's
+  ``_DatasetKind.create_fetcher`` time the fetchers it makes, then runs the user's
+  ``worker_init_fn``.
 
 Counters travel through a shared map (:mod:`input_counters`). Supported: map-style datasets,
 ``num_workers`` 0 or more, persistent workers, ``fork``, ``spawn`` and ``forkserver``. Not
@@ -40,6 +38,7 @@ from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.instruments import input_counters
 from traceml.capture.instruments.input_counters import MAX_WORKERS, ProcessCounters
+from traceml.capture.instruments.input_fetch import BATCH_DOOR, door_on_fetch, time_fetcher
 from traceml.capture.instruments.input_record import (
     input_record,
     producers_since,
@@ -69,57 +68,6 @@ def _worker_slot() -> int | None:
     if info is None:
         return 0
     return info.id + 1 if info.id < MAX_WORKERS else None
-
-
-class TimedCollate:
-    """A timed fetcher's ``collate_fn``: calls the user's exactly once and notes when it
-    started (the dataset's item calls ended there)."""
-
-    __slots__ = ("started", "user_collate")
-
-    def __init__(self, user_collate: Any) -> None:
-        self.user_collate = user_collate
-        self.started = 0
-
-    def __call__(self, batch: Any) -> Any:
-        self.started = clock_ns()
-        return self.user_collate(batch)  # user errors pass through untouched
-
-
-_timed_fetchers: dict[type, type] = {}
-
-
-def timed_fetcher_class(base: type) -> type:
-    """A subclass of torch's dataset fetcher class ``base`` whose ``fetch`` reports its time."""
-    if base not in _timed_fetchers:
-
-        def fetch(self, possibly_batched_index):
-            collate = self.collate_fn
-            start = collate.started = clock_ns()
-            # base's fetch, looked up at each call, without a super object per batch
-            batch = base.fetch(self, possibly_batched_index)  # errors pass through
-            timing = _active
-            if timing is not None and timing.on:
-                samples = len(possibly_batched_index) if self.auto_collation else 1
-                log = timing.log
-                if log is not None:  # the session's event log (log_events)
-                    log((BATCH_DOOR, start, collate.started, clock_ns(), samples))
-                else:
-                    timing.batch_made(start, collate.started, samples)
-            return batch
-
-        timed = type(
-            f"TraceMLTimed{base.__name__}", (base,), {"fetch": fetch, "__module__": __name__}
-        )
-        _timed_fetchers[base] = timed
-    return _timed_fetchers[base]
-
-
-def time_fetcher(fetcher: Any) -> None:
-    """Make ``fetcher`` (torch-internal, one per iterator or worker) a timed one."""
-    if not isinstance(fetcher.collate_fn, TimedCollate):
-        fetcher.collate_fn = TimedCollate(fetcher.collate_fn)
-    fetcher.__class__ = timed_fetcher_class(type(fetcher))
 
 
 class WorkerStart:
@@ -152,6 +100,7 @@ def _time_this_worker(map_path: str | None, main_pid: int) -> None:
         _active = InputTiming(None, None, shared=shared, main_pid=main_pid)
     elif _active is None:
         return
+    door_on_fetch(_active)  # this worker's own torch, for its life
     make_fetcher = _DatasetKind.create_fetcher
 
     def create_timed_fetcher(*args: Any, **kwargs: Any) -> Any:
@@ -203,9 +152,6 @@ def _wrap_get_iterator(loader_class: type) -> Any:
     return restore
 
 
-BATCH_DOOR = "dataloader.batch"
-
-
 class InputTiming:
     """The timing installed on one training DataLoader, and how to take it away again."""
 
@@ -251,6 +197,8 @@ class InputTiming:
             self._undo.append(lambda: input_counters.remove_map_file(map_path))
         else:
             self.shared = input_counters.anonymous_map()
+        if not self.num_workers:  # batches are fetched in this process
+            self._undo.append(door_on_fetch(self))
         self._undo.append(_wrap_get_iterator(DataLoader))
 
     def uninstall(self) -> None:
