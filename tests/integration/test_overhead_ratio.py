@@ -8,8 +8,11 @@ least disturbed traced run's over the least disturbed plain run's (load on a sha
 ever adds time, to either variant; a real regression raises every traced run), and it must stay
 under ``1 + 2 * BUDGET_RATIO``. The budget is 30 us added to the stress loop's ~650 us step
 (docs/overhead.md); both are Python-bound, so the ratio carries over to faster or slower
-machines where microseconds would not. A ratio above the bar is measured again with more rounds
-before the test fails (a burst of load on the runner is not a regression).
+machines where microseconds would not. A ratio above the bar is measured again with more rounds,
+up to ``MAX_ROUNDS``, before the test fails: a spell of load on the runner can outlast six rounds
+(it did on 2026-12-05: 1.123 after six, while the same commit read 1.002 and 1.087 that hour),
+and the minimum over more runs only comes nearer the true cost; a regression raises every
+traced run, however many.
 ``benchmarks/overhead.py --budget`` says which door went over.
 """
 
@@ -24,7 +27,8 @@ STRESS_STEP_US = 650.0  # the plain stress loop per batch (benchmarks/results/ov
 BUDGET_RATIO = BUDGET_US_PER_STEP / STRESS_STEP_US
 BAR = 1 + 2 * BUDGET_RATIO
 ROUNDS = 3
-MORE_ROUNDS = 3  # when the first rounds read above the bar
+MORE_ROUNDS = 3  # each time the rounds so far read above the bar
+MAX_ROUNDS = 12
 BATCHES = 2000
 
 
@@ -59,7 +63,7 @@ def measure(tmp_path, runs: dict[bool, list[float]], rounds: int) -> float:
 def test_added_cost_per_step_is_within_twice_the_budget(tmp_path):
     runs: dict[bool, list[float]] = {False: [], True: []}
     ratio = measure(tmp_path, runs, ROUNDS)
-    if ratio > BAR:
+    while ratio > BAR and len(runs[True]) < MAX_ROUNDS:
         ratio = measure(tmp_path, runs, MORE_ROUNDS)
     paired = statistics.median(t / p for t, p in zip(runs[True], runs[False], strict=True))
     measured = (
