@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import pickle
 import struct
+import weakref
 
 import pytest
 import torch
@@ -133,6 +134,33 @@ def test_the_fetcher_keeps_its_class_no_dict_of_its_own_and_its_class_comes_back
     assert _MapDatasetFetcher.__dict__["fetch"] is untimed
     assert [b.tolist() for b in iterator] == [[[16], [25], [36], [49]], [[64], [81]]]
     assert timing.epoch_record(0)["producers"][0]["batches"] == 1  # untimed after the undo
+
+
+def test_a_door_left_under_a_later_patch_times_nothing_and_lets_go_of_the_timing():
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    untimed = _MapDatasetFetcher.__dict__["fetch"]
+    loader = DataLoader(Squares(), batch_size=4, collate_fn=stack)
+    timing, _ = dataloader.install_input_timing(loader, Owner())
+    door = _MapDatasetFetcher.__dict__["fetch"]
+
+    def theirs(self, possibly_batched_index):  # another tool's patch, stacked on the door
+        return door(self, possibly_batched_index)
+
+    _MapDatasetFetcher.fetch = theirs
+    try:
+        iterator = iter(loader)
+        next(iterator)
+        timing.uninstall()
+        assert _MapDatasetFetcher.__dict__["fetch"] is theirs  # theirs stays
+        assert [b.tolist() for b in iterator] == [[[16], [25], [36], [49]], [[64], [81]]]
+        assert timing.epoch_record(0)["producers"][0]["batches"] == 1  # none after the undo
+        gone = weakref.ref(timing)
+        del timing
+        gc.collect()
+        assert gone() is None  # the door on the class keeps nothing alive
+    finally:
+        _MapDatasetFetcher.fetch = untimed
 
 
 def test_a_validation_loader_over_the_same_dataset_is_not_counted(timed):

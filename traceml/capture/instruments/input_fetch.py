@@ -44,9 +44,15 @@ def time_fetcher(fetcher: Any) -> None:
         fetcher.collate_fn = TimedCollate(fetcher.collate_fn)
 
 
-def _timed_fetch(untimed: Any, timing: Any) -> Any:
+class _Disarmed:
+    on = False  # what a door left on the class after its undo reads as its timing
+
+
+def _timed_fetch(untimed: Any, timing: Any) -> tuple[Any, Any]:
     """``untimed`` (the class's ``fetch``), timed for ``timing`` (an ``InputTiming``) on the
-    fetchers whose ``collate_fn`` is a :class:`TimedCollate`."""
+    fetchers whose ``collate_fn`` is a :class:`TimedCollate`; and its disarm, which lets go of
+    ``timing`` (as ``class_doors``' undo does: a patch stacked on the door since keeps it on
+    the class, timing nothing and keeping nothing alive)."""
 
     def fetch(self, possibly_batched_index):
         collate = self.collate_fn
@@ -63,8 +69,12 @@ def _timed_fetch(untimed: Any, timing: Any) -> Any:
                 timing.batch_made(start, collate.started, samples)
         return batch
 
+    def disarm() -> None:
+        nonlocal timing
+        timing = _Disarmed
+
     look_like(fetch, untimed)
-    return fetch
+    return fetch, disarm
 
 
 _door: Any = None  # the door on torch's fetcher class, while it is there
@@ -78,16 +88,18 @@ def door_on_fetch(timing: Any) -> Any:
 
     current = fetcher_class.__dict__.get("fetch")
     if current is not None and current is _door:
-        return lambda: None  # already there (a forked worker inherits its parent's)
+        return lambda: None  # already there: one door a process, never a door on a door
     if not isinstance(current, FunctionType):
         raise TypeError("torch's _MapDatasetFetcher.fetch is not a plain function")
-    door = _door = _timed_fetch(current, timing)
-    fetcher_class.fetch = door
+    door, disarm = _timed_fetch(current, timing)
+    fetcher_class.fetch = _door = door
 
     def restore() -> None:
         global _door
+        disarm()
         if fetcher_class.__dict__.get("fetch") is door:  # else someone replaced it since
             fetcher_class.fetch = current
+        if _door is door:
             _door = None
 
     return restore
