@@ -109,6 +109,49 @@ def test_trace_max_steps_records_the_first_steps_and_training_goes_on(tmp_path):
     assert records[-1]["status"] == "completed" and records[-1]["steps"] == 2
 
 
+# Counts, on the training thread, the calls into traceml's code between the training_step
+# calls FROM and TO (numbered from 1): the steps a limit left untraced must run none of it.
+LATE_CALLS_PROBE = """
+import atexit, os, sys
+FROM, TO = int(os.environ["PROBE_FROM"]), int(os.environ["PROBE_TO"])
+steps, late = [0], {}
+def profile(frame, event, arg):
+    if event != "call":
+        return
+    code = frame.f_code
+    if code.co_name == "training_step" and code.co_filename.endswith("tiny_lightning.py"):
+        steps[0] += 1
+    elif FROM <= steps[0] < TO and "/traceml/" in code.co_filename:
+        where = code.co_filename.rsplit("/traceml/", 1)[1] + ":" + code.co_name
+        late[where] = late.get(where, 0) + 1
+sys.setprofile(profile)
+atexit.register(lambda: print("LATE_CALLS", steps[0], sorted(late.items()), flush=True))
+"""
+
+
+def test_steps_past_the_limit_run_none_of_traceml(tmp_path):
+    # The limit is seen by the flusher (every 250 ms): 20 ms steps reach it by step ~15; from
+    # the 50th step on, nothing of traceml's may run a step (no dispatch of a callback hook,
+    # no door left, no timing collate_fn on the epoch's fetcher).
+    hooks = tmp_path / "probe"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(LATE_CALLS_PROBE)
+    result, run_dir = traced(
+        tmp_path,
+        TINY_BATCHES=60,
+        TINY_STEP_SLEEP_MS=20,
+        TINY_VALIDATE=0,
+        TRACEML_TRACE_MAX_STEPS=2,
+        PYTHONPATH=hooks,
+        PROBE_FROM=50,
+        PROBE_TO=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(steps_of(rank_records(run_dir))) == 2
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("LATE_CALLS")]
+    assert line == "LATE_CALLS 60 []", line
+
+
 def test_sigkill_keeps_every_completed_step(tmp_path):
     env = traced_env(
         tmp_path / "logs",

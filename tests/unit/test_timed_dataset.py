@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from traceml.capture.instruments import dataloader, input_counters
+from traceml.capture.instruments import dataloader, input_counters, input_fetch
 
 
 class Squares(Dataset):
@@ -130,10 +130,31 @@ def test_the_fetcher_keeps_its_class_no_dict_of_its_own_and_its_class_comes_back
     fetcher = iterator._dataset_fetcher
     assert type(fetcher) is _MapDatasetFetcher and not _has_own_dict(fetcher)
     assert _MapDatasetFetcher.fetch.__wrapped__ is untimed  # inspect sees torch's
+    assert type(fetcher.collate_fn) is input_fetch.TimedCollate
     timing.uninstall()
     assert _MapDatasetFetcher.__dict__["fetch"] is untimed
+    # The epoch's fetcher gets the user's collate_fn back: its batches skip TimedCollate.
+    assert fetcher.collate_fn is stack and not _has_own_dict(fetcher)
     assert [b.tolist() for b in iterator] == [[[16], [25], [36], [49]], [[64], [81]]]
     assert timing.epoch_record(0)["producers"][0]["batches"] == 1  # untimed after the undo
+
+
+def test_the_fetchers_undo_leaves_a_collate_fn_set_since_and_keeps_no_fetcher_alive():
+    class Fetcher:
+        def __init__(self) -> None:
+            self.collate_fn = stack
+
+    kept, dropped = Fetcher(), Fetcher()
+    undo_kept, undo_dropped = input_fetch.time_fetcher(kept), input_fetch.time_fetcher(dropped)
+    assert input_fetch.time_fetcher(kept)() is None  # timed already: nothing to undo twice
+    theirs = kept.collate_fn = lambda batch: batch  # set by someone else since
+    gone = weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert gone() is None  # the undo holds the fetcher weakly
+    undo_kept()
+    undo_dropped()
+    assert kept.collate_fn is theirs
 
 
 def test_a_door_left_under_a_later_patch_times_nothing_and_lets_go_of_the_timing():

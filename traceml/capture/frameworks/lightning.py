@@ -112,6 +112,7 @@ class StepTiming:
         self._counters: tuple[Any, Any] | None = None
         self._batch_ended = self.session.batch_ended  # or, with one-door timing, the replay's
         self.session.add_undo(self.instruments.remove)
+        self.session.add_undo(self._per_step_hooks_off)
         self.pid = os.getpid()
 
     # Lightning dispatches every hook of every callback (a profiler context and a call each,
@@ -177,18 +178,14 @@ class StepTiming:
             self.session.input_timing.log_events(self.session)
 
     def _time_optimizer_from_backward(self, trainer: Any) -> None:
-        """With one-door timing, no ``on_before_optimizer_step`` (Lightning's dispatch of it,
-        a profiler context and a call, was ~12% of traceml's per-step cost on the stress loop):
-        the optimizer window opens where the microbatch's backward ended, and only the
-        optimizer step's wrapper says that a microbatch stepped. The window then holds the
-        closure's return, every ``on_before_optimizer_step`` hook and the gradient clipping,
-        whatever the callbacks' order."""
+        """With one-door timing, no ``on_before_optimizer_step`` (its dispatch was ~12% of the
+        stress loop's cost): the optimizer window opens where the backward ended (holding the
+        closure's return, every such hook and the clipping); the step's wrapper closes it."""
         if not self.instruments.one_door:
             return
         self.session.clock.optimizer_from_backward = True
         # An attribute that is not callable: Lightning skips the hook (trainer/call.py).
         self.on_before_optimizer_step = None
-        self.instruments.add_undo(lambda: self.__dict__.pop("on_before_optimizer_step", None))
 
     def _end_steps_before_module_hook(self, trainer: Any, pl_module: Any) -> None:
         """The step ends just before the LightningModule's ``on_train_batch_end``, which
@@ -199,7 +196,11 @@ class StepTiming:
             ended = self.session.replay.step_end_door(*self._counters)  # one frame, no guard
         if self.instruments.end_steps_before_module_hook(trainer, pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
-            self.instruments.add_undo(lambda: self.__dict__.pop("on_train_batch_end", None))
+
+    def _per_step_hooks_off(self) -> None:
+        """Instruments off (limit, failure, end) is for good: later steps skip these hooks."""
+        self.on_before_optimizer_step = None
+        self.on_train_batch_end = None
 
     @entry_point("lightning.on_train_epoch_start", "Lightning's on_train_epoch_start hook")
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -303,10 +304,9 @@ class StepTiming:
         return device_timer_for(getattr(pl_module, "device", None))
 
     def _prepare_input_timing(self, trainer: Any) -> None:
-        """Lightning 2.x creates the first epoch's DataLoader iterator (and forks its workers)
-        in ``FitLoop.setup_data``, before ``on_train_start``: the worker timing is installed
-        from inside it, right after the loader is final (``_load_combined_loader_states``,
-        the last call before ``iter``; wrapped on this fit loop instance only)."""
+        """Lightning 2.x makes the first epoch's iterator (forks its workers) before
+        ``on_train_start``: the timing goes in right after the loader is final
+        (``_load_combined_loader_states``, wrapped on this fit loop instance only)."""
         fit_loop = trainer.fit_loop
         original = getattr(fit_loop, "_load_combined_loader_states", None)
         if original is None:

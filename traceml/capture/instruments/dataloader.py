@@ -239,7 +239,7 @@ class InputTiming:
             return
         fetcher = getattr(iterator, "_dataset_fetcher", None)  # num_workers=0
         if fetcher is not None and type(fetcher).__name__ == "_MapDatasetFetcher":
-            time_fetcher(fetcher)
+            self._undo.append(time_fetcher(fetcher))
         self._iterator_start_ns = start
         self._iterator_ms = (self._iterator_ms or 0.0) + (end - start) / 1e6
 

@@ -14,6 +14,8 @@ loader's) goes straight through the door after one type check.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from types import FunctionType
 from typing import Any
 
@@ -38,10 +40,26 @@ class TimedCollate:
         return self.user_collate(batch)  # user errors pass through untouched
 
 
-def time_fetcher(fetcher: Any) -> None:
-    """Have ``fetcher`` (torch-internal, one per iterator or worker) timed by the door."""
-    if not isinstance(fetcher.collate_fn, TimedCollate):
-        fetcher.collate_fn = TimedCollate(fetcher.collate_fn)
+def time_fetcher(fetcher: Any) -> Callable[[], None]:
+    """Have ``fetcher`` (torch-internal, one per iterator or worker) timed by the door;
+    returns the undo, which gives the fetcher its ``collate_fn`` back (if it is still ours):
+    once tracing stops mid-epoch, the epoch's remaining batches skip TimedCollate's frame."""
+    collate = fetcher.collate_fn
+    if isinstance(collate, TimedCollate):
+        return _nothing
+    timed = fetcher.collate_fn = TimedCollate(collate)
+    held = weakref.ref(fetcher)  # the undo keeps no finished epoch's fetcher alive
+
+    def untime() -> None:
+        timed_fetcher = held()
+        if timed_fetcher is not None and getattr(timed_fetcher, "collate_fn", None) is timed:
+            timed_fetcher.collate_fn = collate
+
+    return untime
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Disarmed:
