@@ -20,8 +20,13 @@ time (``callgrind_window.py``): the same every run, where this VM's clocks drift
 ``--doors RUNS``: each entry point's own time per call (the guard's timer, kept per door);
 with ``--floor``, the same doors with only a list append behind each (what any clock behind
 these doors cannot go below).
+``--side-by-side``: each pair's two runs at once, each on a core of its own (swapped every
+pair), their loops released together (``side_by_side.py``): both meet the same seconds of the
+machine's load. ``--aa``: both runs of every pair plain, what a method reads for no change.
 
     python benchmarks/overhead.py                 # full run (~10 minutes on 2 cores)
+    python benchmarks/overhead.py --skip-rfdetr --side-by-side --pairs 8    # ~2 minutes
+    python benchmarks/overhead.py --skip-rfdetr --side-by-side --pairs 8 --aa   # its A/A
     python benchmarks/overhead.py --pairs 2 --skip-rfdetr   # quick look
     python benchmarks/overhead.py --budget --rounds 3       # the per-door table
     python benchmarks/overhead.py --budget --clock instructions --rounds 1   # ~25 minutes
@@ -39,6 +44,7 @@ import tempfile
 from pathlib import Path
 
 import callgrind_window
+import side_by_side
 from _common import PYTHON, RFDETR, TINY, alternate, clean_env, describe, paired_ratio, run, values
 
 from traceml.analysis.rankfile import read_records
@@ -53,6 +59,8 @@ STRESS = {"TINY_VALIDATE": 0}
 # slowed by other processes lie above it; periodic costs such as the flusher's write, ~1 in 150
 # batches, lie above it too and are counted in traceml_us instead). Set from --clock.
 CLOCK = {"field": "seconds"}
+# --side-by-side: each pair's two runs at once, on a core each (side_by_side.py).
+SIDE_BY_SIDE = {"on": False, "aa": False}
 # Clocks counted under callgrind (deterministic: the same run gives the same count).
 SIMULATED = ("instructions", "cycles")
 # --clock instructions: the callgrind window (callgrind_window.py) and the stretch of traceml's
@@ -145,12 +153,43 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
             env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"plain{counter['n']}", **workload)
             return keep("plain", env)
 
+        def second_env() -> dict[str, str]:
+            if SIDE_BY_SIDE["aa"]:  # --aa: both plain (what the method reads for no change)
+                return clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"aa{counter['n']}", **workload)
+            return traced_env(work, f"run{counter['n']}", workload)
+
         def traced() -> float:
             counter["n"] += 1
-            return keep("traced", traced_env(work, f"run{counter['n']}", workload))
+            return keep("traced", second_env())
 
-        print(f"{name}: {pairs} pairs (plain vs traced)", flush=True)
-        plain_s, traced_s = alternate(pairs, plain, traced, label=name)
+        if SIDE_BY_SIDE["on"]:
+            print(f"{name}: {pairs} pairs (plain vs traced), each pair side by side", flush=True)
+            plain_s, traced_s = [], []
+            for index in range(pairs):
+                counter["n"] += 1
+                plain_work = work / f"plain{counter['n']}"
+                envs = [
+                    clean_env(LOOP_TIMER="1", RFD_WORKDIR=plain_work, **workload),
+                    second_env(),
+                ]
+                try:
+                    pair = side_by_side.run_together(script, envs, work, flip=bool(index % 2))
+                finally:
+                    for env in envs:
+                        shutil.rmtree(env["RFD_WORKDIR"], ignore_errors=True)
+                for variant, timer, sink in zip(
+                    ("plain", "traced"), pair, (plain_s, traced_s), strict=True
+                ):
+                    batches.append(timer["batches"])
+                    timers[variant].append(timer)
+                    sink.append(timer[CLOCK["field"]])
+                print(
+                    f"  {name} pair {index + 1}/{pairs}: {plain_s[-1]:.6g} vs {traced_s[-1]:.6g}",
+                    flush=True,
+                )
+        else:
+            print(f"{name}: {pairs} pairs (plain vs traced)", flush=True)
+            plain_s, traced_s = alternate(pairs, plain, traced, label=name)
         own_us = own_cost_us(work / "logs")
         own_mean_us = own_cost_us(work / "logs", per_run=statistics.fmean)
     steps = statistics.median(batches)
@@ -397,6 +436,12 @@ def main() -> None:
     parser.add_argument("--skip-stress", action="store_true")
     parser.add_argument("--stress-batches", type=int, default=3000)
     parser.add_argument("--budget", action="store_true", help="per-door table (stress only)")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="each pair's plain and traced run at once, each on a core of its own (the same "
+        "seconds of the machine's load for both; side_by_side.py)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --budget")
     parser.add_argument(
         "--doors", type=int, default=0, metavar="RUNS", help="per-entry-point time, RUNS runs"
@@ -417,7 +462,13 @@ def main() -> None:
         "--variants",
         help="with --budget: comma-separated variants to run (plain,traced,off:<door>)",
     )
+    parser.add_argument(
+        "--aa",
+        action="store_true",
+        help="both runs of a pair plain: the spread the method reads where nothing changed",
+    )
     args = parser.parse_args()
+    SIDE_BY_SIDE["aa"] = args.aa
     CLOCK["field"] = {
         "wall": "seconds",
         "cpu": "cpu_seconds",
@@ -429,6 +480,11 @@ def main() -> None:
         if not args.budget:
             parser.error(f"--clock {args.clock} goes with --budget")
         CG["library"] = str(callgrind_window.build_library(Path(tempfile.mkdtemp())))
+    if args.side_by_side:
+        why = side_by_side.usable()
+        if why or args.budget or args.doors or args.clock in SIMULATED:
+            parser.error(f"--side-by-side: {why or 'goes with the pairs only, on a native clock'}")
+        SIDE_BY_SIDE["on"] = True
     print(f"clock: {args.clock} time of the loop body", flush=True)
     if args.doors:
         doors(args.doors, args.stress_batches, args.floor)

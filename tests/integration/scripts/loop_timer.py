@@ -40,7 +40,11 @@ def install(package: str) -> None:
     open_batch: list[tuple[float, float]] = []
     original_end = loop_class.on_advance_end
 
+    barrier = os.environ.get("LOOP_BARRIER")
+
     def advance(self, data_fetcher):
+        if barrier and not totals["batches"] and not open_batch:
+            wait_at_barrier(barrier)
         if window is not None:
             window.before()
         open_batch[:] = [(time.perf_counter(), cpu())]
@@ -77,3 +81,13 @@ def install(package: str) -> None:
     loop_class.advance = advance
     loop_class.on_advance_end = on_advance_end
     atexit.register(report)
+
+
+def wait_at_barrier(folder: str, timeout_s: float = 300.0) -> None:
+    """LOOP_BARRIER=<folder> (benchmarks/overhead.py --concurrent): before the first batch, say
+    so (``ready-<pid>``) and wait for ``go``, so that runs started together time their loops
+    over the same seconds of the machine's load, whatever their start-up took."""
+    os.close(os.open(os.path.join(folder, f"ready-{os.getpid()}"), os.O_CREAT | os.O_WRONLY))
+    go, deadline = os.path.join(folder, "go"), time.monotonic() + timeout_s
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.001)
