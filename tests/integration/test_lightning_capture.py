@@ -129,25 +129,27 @@ atexit.register(lambda: print("LATE_CALLS", steps[0], sorted(late.items()), flus
 """
 
 
-def test_steps_past_the_limit_run_none_of_traceml(tmp_path):
-    # The limit is seen by the flusher (every 250 ms): 20 ms steps reach it by step ~15; from
-    # the 50th step on, nothing of traceml's may run a step (no dispatch of a callback hook,
-    # no door left, no timing collate_fn on the epoch's fetcher).
+@pytest.mark.parametrize("why", ["limit", "unsupported"])
+def test_untraced_steps_run_none_of_traceml(tmp_path, why):
+    # After a limit (seen by the flusher, every 250 ms: 20 ms steps reach it by step ~15), or
+    # in a setup named unsupported (manual optimization), the steps from the 50th on must run
+    # nothing of traceml's: no dispatch of a callback hook, no door, no timing collate_fn.
     hooks = tmp_path / "probe"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(LATE_CALLS_PROBE)
+    reason = {"TRACEML_TRACE_MAX_STEPS": 2} if why == "limit" else {"TINY_MANUAL": 1}
     result, run_dir = traced(
         tmp_path,
         TINY_BATCHES=60,
         TINY_STEP_SLEEP_MS=20,
         TINY_VALIDATE=0,
-        TRACEML_TRACE_MAX_STEPS=2,
         PYTHONPATH=hooks,
         PROBE_FROM=50,
         PROBE_TO=60,
+        **reason,
     )
     assert result.returncode == 0, result.stderr
-    assert len(steps_of(rank_records(run_dir))) == 2
+    assert len(steps_of(rank_records(run_dir))) == (2 if why == "limit" else 0)
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("LATE_CALLS")]
     assert line == "LATE_CALLS 60 []", line
 

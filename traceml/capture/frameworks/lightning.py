@@ -3,7 +3,7 @@
 Lightning's automatic-optimization loop, per dataloader batch (``loops/training_epoch_loop.py``,
 ``loops/optimization/automatic.py``, ``plugins/precision/precision.py`` in Lightning 2.x):
 
-    next(data_fetcher)                 -> Input Wait   (timed by swapping the fetcher's class)
+    next(data_fetcher)                 -> Input Wait   (a door on the fetcher's class)
     strategy.batch_to_device(batch)    -> H2D          (timed by an instance-level wrapper)
     on_train_batch_start
     optimizer.step(closure):
@@ -19,9 +19,8 @@ Lightning's automatic-optimization loop, per dataloader batch (``loops/training_
     calls right after the callbacks': an instance-level wrapper of the module's hook, or,
     where the module cannot be wrapped, this callback's hook, the last callback)
 
-Optimizer opens at traceml's ``on_before_optimizer_step``; with one-door timing (a single
-process without CUDA events) traceml has no such hook, and Optimizer opens where the stepping
-microbatch's backward ended (``_time_optimizer_from_backward``).
+Optimizer opens at traceml's ``on_before_optimizer_step``; with one-door timing (one process,
+no CUDA events) where the stepping microbatch's backward ended (``_time_optimizer_from_backward``).
 
 Sanity checks and validation run through other loops and are never timed: every boundary is
 only honoured while a training microbatch is open.
@@ -42,7 +41,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.capture.guard import entry_point
-from traceml.capture.lifecycle import IDLE, READY, TRACING
+from traceml.capture.lifecycle import FINAL, IDLE, READY, TRACING
 from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
 from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
@@ -115,13 +114,11 @@ class StepTiming:
         self.session.add_undo(self._per_step_hooks_off)
         self.pid = os.getpid()
 
-    # Lightning dispatches every hook of every callback (a profiler context and a call each,
-    # ~2 us) and skips an attribute that is not callable (trainer/call.py). The per-batch hooks
-    # this callback has no use for are None, so they cost the training loop nothing.
+    # Lightning dispatches every callback's hooks (a profiler context and a call, ~2 us) but
+    # skips a non-callable attribute (trainer/call.py): per-batch hooks not needed are None.
     on_train_batch_start = None
     on_before_zero_grad = None
-    # Backward is timed by a wrapper of the strategy's backward (lightning_instruments).
-    on_before_backward = None
+    on_before_backward = None  # backward: timed by a wrapper of the strategy's (instruments)
     on_after_backward = None
     on_validation_batch_start = None
     on_validation_batch_end = None
@@ -154,12 +151,15 @@ class StepTiming:
     @entry_point("lightning.on_train_start", "Lightning's on_train_start hook")
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.session.life.state is not READY:
+            if self.session.life.state in FINAL:  # unsupported or disabled at setup
+                self._per_step_hooks_off()
             return
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
         if fetcher is None:
             raise RuntimeError("the training loop has no data fetcher")
         if type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
             self.session.mark_unsupported("a training_step that takes dataloader_iter")
+            self._per_step_hooks_off()
             return
         self.session.start(
             getattr(pl_module, "device", None),
@@ -198,7 +198,7 @@ class StepTiming:
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
 
     def _per_step_hooks_off(self) -> None:
-        """Instruments off (limit, failure, end) is for good: later steps skip these hooks."""
+        """A final state (limit, failure, end, unsupported) is for good: skip these hooks."""
         self.on_before_optimizer_step = None
         self.on_train_batch_end = None
 
