@@ -20,6 +20,11 @@ time (``callgrind_window.py``): the same every run, where this VM's clocks drift
 ``--doors RUNS``: each entry point's own time per call (the guard's timer, kept per door);
 with ``--floor``, the same doors with only a list append behind each (what any clock behind
 these doors cannot go below).
+``--layouts`` (with ``--budget``): round i runs every variant with a different number of
+classes made at start (``loop_timer_doors.shift_layout``). CPython's method cache slot is a
+hash of a type's version tag and the name's address, both moved by anything made before: one
+layout's figure carries up to ~+-13,000 instructions a batch of luck (stop 49).
+
 ``--side-by-side``: each pair's two runs at once, each on a core of its own (swapped every
 pair), their loops released together (``side_by_side.py``): both meet the same seconds of the
 machine's load. ``--aa``: both runs of every pair plain, what a method reads for no change.
@@ -30,6 +35,8 @@ machine's load. ``--aa``: both runs of every pair plain, what a method reads for
     python benchmarks/overhead.py --pairs 2 --skip-rfdetr   # quick look
     python benchmarks/overhead.py --budget --rounds 3       # the per-door table
     python benchmarks/overhead.py --budget --clock instructions --rounds 1   # ~25 minutes
+    python benchmarks/overhead.py --budget --clock instructions --rounds 3 --layouts \
+        --variants plain,traced              # ~15 minutes
     python benchmarks/overhead.py --doors 3                 # time inside each door
     python benchmarks/overhead.py --doors 3 --floor         # ... with nothing behind them
 """
@@ -59,6 +66,9 @@ STRESS = {"TINY_VALIDATE": 0}
 # slowed by other processes lie above it; periodic costs such as the flusher's write, ~1 in 150
 # batches, lie above it too and are counted in traceml_us instead). Set from --clock.
 CLOCK = {"field": "seconds"}
+# --layouts (--budget): round i runs every variant with CLASSES[i] classes made at start
+# (loop_timer_doors.shift_layout): the method cache's collisions differ from round to round.
+LAYOUTS: dict = {"on": False, "classes": (0, 37, 400, 13, 101, 211)}
 # --side-by-side: each pair's two runs at once, on a core each (side_by_side.py).
 SIDE_BY_SIDE = {"on": False, "aa": False}
 # Clocks counted under callgrind (deterministic: the same run gives the same count).
@@ -299,13 +309,23 @@ def budget(rounds: int, batches: int, only: list[str] | None = None) -> None:
             order = names[index % len(names) :] + names[: index % len(names)]
             for name in order:
                 run_name = f"r{index}-{name.replace(':', '-')}"
+                layout = {}
+                if LAYOUTS["on"]:  # every variant of a round in the same shifted layout
+                    classes = LAYOUTS["classes"][index % len(LAYOUTS["classes"])]
+                    layout = {"LAYOUT_CLASSES": classes, "PYTHONPATH": with_site(site)}
                 if name == "plain":
-                    env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / run_name, **workload)
+                    env = clean_env(
+                        LOOP_TIMER="1", RFD_WORKDIR=work / run_name, **workload, **layout
+                    )
                 elif name == "traced":
-                    env = traced_env(work, run_name, workload)
+                    env = traced_env(work, run_name, workload, **layout)
                 else:
                     env = traced_env(
-                        work, run_name, workload, BUDGET_OFF=name[4:], PYTHONPATH=with_site(site)
+                        work,
+                        run_name,
+                        workload,
+                        BUDGET_OFF=name[4:],
+                        **{"PYTHONPATH": with_site(site), **layout},
                     )
                 seconds, count = loop_seconds(TINY, env, work)
                 per_batch[name].append(seconds / count * 1e6)
@@ -437,6 +457,12 @@ def main() -> None:
     parser.add_argument("--stress-batches", type=int, default=3000)
     parser.add_argument("--budget", action="store_true", help="per-door table (stress only)")
     parser.add_argument(
+        "--layouts",
+        action="store_true",
+        help="with --budget: each round in another memory layout (0, 37, 400, 13, 101, 211 "
+        "classes made at start), so that the medians over rounds are not one layout's luck",
+    )
+    parser.add_argument(
         "--side-by-side",
         action="store_true",
         help="each pair's plain and traced run at once, each on a core of its own (the same "
@@ -469,6 +495,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     SIDE_BY_SIDE["aa"] = args.aa
+    LAYOUTS["on"] = args.layouts
     CLOCK["field"] = {
         "wall": "seconds",
         "cpu": "cpu_seconds",
