@@ -158,14 +158,17 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
             timers[variant].append(timer)
             return timer[CLOCK["field"]]
 
+        def plain_env(prefix: str) -> dict[str, str]:
+            workdir = work / f"{prefix}{counter['n']}"
+            return clean_env(LOOP_TIMER="1", RFD_WORKDIR=workdir, **workload)
+
         def plain() -> float:
             counter["n"] += 1
-            env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"plain{counter['n']}", **workload)
-            return keep("plain", env)
+            return keep("plain", plain_env("plain"))
 
         def second_env() -> dict[str, str]:
             if SIDE_BY_SIDE["aa"]:  # --aa: both plain (what the method reads for no change)
-                return clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / f"aa{counter['n']}", **workload)
+                return plain_env("aa")
             return traced_env(work, f"run{counter['n']}", workload)
 
         def traced() -> float:
@@ -177,11 +180,7 @@ def bench(name: str, script: Path, pairs: int, workload: dict[str, object]) -> d
             plain_s, traced_s = [], []
             for index in range(pairs):
                 counter["n"] += 1
-                plain_work = work / f"plain{counter['n']}"
-                envs = [
-                    clean_env(LOOP_TIMER="1", RFD_WORKDIR=plain_work, **workload),
-                    second_env(),
-                ]
+                envs = [plain_env("plain"), second_env()]
                 try:
                     pair = side_by_side.run_together(script, envs, work, flip=bool(index % 2))
                 finally:

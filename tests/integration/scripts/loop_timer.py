@@ -84,7 +84,7 @@ def install(package: str) -> None:
 
 
 def wait_at_barrier(folder: str, timeout_s: float = 300.0) -> None:
-    """LOOP_BARRIER=<folder> (benchmarks/overhead.py --concurrent): before the first batch, say
+    """LOOP_BARRIER=<folder> (benchmarks/overhead.py --side-by-side): before the first batch, say
     so (``ready-<pid>``) and wait for ``go``, so that runs started together time their loops
     over the same seconds of the machine's load, whatever their start-up took."""
     os.close(os.open(os.path.join(folder, f"ready-{os.getpid()}"), os.O_CREAT | os.O_WRONLY))

@@ -182,6 +182,8 @@ class InputTiming:
         self._iterator_ms: float | None = None
         self._iterator_start_ns: int | None = None
         self._undo: list[Any] = []
+        # The current epoch's fetcher's undo (num_workers=0): one, not one per epoch kept.
+        self._untime_fetcher: Any = lambda: None
 
     # -- installing ------------------------------------------------------------------------
 
@@ -205,6 +207,8 @@ class InputTiming:
         """Undo every change (idempotent); the map stays readable for a last collect."""
         global _active
         self.on = False
+        untime, self._untime_fetcher = self._untime_fetcher, lambda: None
+        self._undo.append(untime)
         undo_all(self._undo)
         if _active is self:
             _active = None
@@ -239,7 +243,7 @@ class InputTiming:
             return
         fetcher = getattr(iterator, "_dataset_fetcher", None)  # num_workers=0
         if fetcher is not None and type(fetcher).__name__ == "_MapDatasetFetcher":
-            self._undo.append(time_fetcher(fetcher))
+            self._untime_fetcher = time_fetcher(fetcher)  # the previous epoch's is done
         self._iterator_start_ns = start
         self._iterator_ms = (self._iterator_ms or 0.0) + (end - start) / 1e6
 

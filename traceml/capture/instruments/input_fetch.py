@@ -46,7 +46,7 @@ def time_fetcher(fetcher: Any) -> Callable[[], None]:
     once tracing stops mid-epoch, the epoch's remaining batches skip TimedCollate's frame."""
     collate = fetcher.collate_fn
     if isinstance(collate, TimedCollate):
-        return _nothing
+        return lambda: None
     timed = fetcher.collate_fn = TimedCollate(collate)
     held = weakref.ref(fetcher)  # the undo keeps no finished epoch's fetcher alive
 
@@ -56,10 +56,6 @@ def time_fetcher(fetcher: Any) -> Callable[[], None]:
             timed_fetcher.collate_fn = collate
 
     return untime
-
-
-def _nothing() -> None:
-    pass
 
 
 class _Disarmed:
