@@ -1,0 +1,121 @@
+"""Where the stress loop's added time goes: traceml's doors, or the traced process around them.
+
+Each pair runs the plain and the traced stress loop side by side (``side_by_side.py``: a core
+each, loops released together, cores and launch order alternated). The traced run stops
+tracing halfway (``TRACEML_TRACE_MAX_STEPS``): its doors come off and its per-step hooks go
+quiet, while the process keeps what tracing made (threads, imports, the callback in
+Lightning's list, its memory). Both runs keep every batch's time (``LOOP_TIMER_DURATIONS``).
+Per pair, by the 25th-percentile batch of two windows, the middle of each half:
+
+* doors: the traced run's first window minus its second, less the plain run's drift between
+  the same windows. One process against itself: the memory layout (the method cache's
+  lottery) and the process-to-process spread cancel. What this reads where nothing changes
+  halfway: an idle thread started halfway in a plain run read +1.9 us (sd 6.0, 12 pairs),
+  against an sd of 15-25 us for the same pairs read across processes.
+* process: the traced run's second window minus the plain run's: a traced process whose
+  doors are off, against plain, across processes.
+* total: the first windows, traced minus plain (what ``overhead.py --side-by-side`` reads).
+
+    python benchmarks/overhead_split.py                # 12 pairs of 3,000 batches, ~2 minutes
+    python benchmarks/overhead_split.py --pairs 20 --batches 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import side_by_side
+from _common import TINY, clean_env
+
+# The windows, as fractions of the batches: each half's middle, clear of the first batches
+# (warm-up) and of the batches around the limit (the doors coming off, the last flush).
+FIRST, SECOND = (0.13, 0.48), (0.52, 0.87)
+
+
+def p25_us(durations_ns: list[int], window: tuple[float, float]) -> float:
+    count = len(durations_ns)
+    part = sorted(durations_ns[int(window[0] * count) : int(window[1] * count)])
+    return part[len(part) // 4] / 1000.0
+
+
+def read_durations(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()]
+
+
+def split_pair(plain: list[int], traced: list[int]) -> dict[str, float]:
+    """One pair's figures (us a batch), from each run's batch times in ns."""
+    plain_first, plain_second = p25_us(plain, FIRST), p25_us(plain, SECOND)
+    traced_first, traced_second = p25_us(traced, FIRST), p25_us(traced, SECOND)
+    return {
+        "doors": (traced_first - traced_second) - (plain_first - plain_second),
+        "process": traced_second - plain_second,
+        "total": traced_first - plain_first,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=12)
+    parser.add_argument("--batches", type=int, default=3000)
+    args = parser.parse_args()
+    why = side_by_side.usable()
+    if why:
+        parser.error(f"runs cannot go side by side here: {why}")
+    with tempfile.TemporaryDirectory(prefix="traceml-split-") as tmp:
+        work = Path(tmp)
+        figures: dict[str, list[float]] = {"doors": [], "process": [], "total": []}
+        print(
+            f"lightning-stress split: {args.pairs} pairs side by side, {args.batches} batches, "
+            f"tracing stops after {args.batches // 2}",
+            flush=True,
+        )
+        for index in range(args.pairs):
+            files = [work / f"plain{index}.ns", work / f"traced{index}.ns"]
+            common = {"LOOP_TIMER": 1, "TINY_VALIDATE": 0, "TINY_BATCHES": args.batches}
+            envs = [
+                clean_env(**common, RFD_WORKDIR=work / f"w{index}p", LOOP_TIMER_DURATIONS=files[0]),
+                clean_env(
+                    **common,
+                    RFD_WORKDIR=work / f"w{index}t",
+                    LOOP_TIMER_DURATIONS=files[1],
+                    TRACEML=1,
+                    TRACEML_REPORT=0,
+                    TRACEML_LOGS_DIR=work / "logs",
+                    TRACEML_RUN_NAME=f"split{index}",
+                    TRACEML_TRACE_MAX_STEPS=args.batches // 2,
+                ),
+            ]
+            side_by_side.run_together(
+                TINY, envs, work, flip=bool(index % 2), later_first=bool(index // 2 % 2)
+            )
+            pair = split_pair(*(read_durations(path) for path in files))
+            for name, value in pair.items():
+                figures[name].append(value)
+            print(
+                f"  pair {index + 1}/{args.pairs}: doors {pair['doors']:+.1f}, process "
+                f"{pair['process']:+.1f}, total {pair['total']:+.1f} us a batch",
+                flush=True,
+            )
+    for name, what in (
+        ("doors", "the doors, in one process (first half minus second, less plain's drift)"),
+        ("process", "the traced process with its doors off, against plain"),
+        ("total", "traced minus plain, doors on"),
+    ):
+        values = figures[name]
+        print(
+            f"  {name:<8} median {statistics.median(values):+6.1f} us a batch "
+            f"(sd {statistics.pstdev(values):4.1f}, min {min(values):+.1f}, max {max(values):+.1f})"
+            f": {what}"
+        )
+    print(
+        f"SUMMARY split: doors {statistics.median(figures['doors']):+.1f} us, process "
+        f"{statistics.median(figures['process']):+.1f} us, total "
+        f"{statistics.median(figures['total']):+.1f} us a batch (p25, {args.pairs} pairs)"
+    )
+
+
+if __name__ == "__main__":
+    main()
