@@ -9,9 +9,9 @@ Per pair, by the 25th-percentile batch of two windows, the middle of each half:
 
 * doors: the traced run's first window minus its second, less the plain run's drift between
   the same windows. One process against itself: the memory layout (the method cache's
-  lottery) and the process-to-process spread cancel. What this reads where nothing changes
-  halfway: an idle thread started halfway in a plain run read +1.9 us (sd 6.0, 12 pairs),
-  against an sd of 15-25 us for the same pairs read across processes.
+  lottery) and the process-to-process spread cancel. What it reads where nothing that costs
+  changes halfway: two plain runs, +1.9 us (sd 6.0, 12 pairs); a plain run that starts an
+  idle thread halfway, -3.1 (sd 14.4). Across processes the same pairs spread by 13-23 us.
 * process: the traced run's second window minus the plain run's: a traced process whose
   doors are off, against plain, across processes.
 * total: the first windows, traced minus plain (what ``overhead.py --side-by-side`` reads).

@@ -9,8 +9,8 @@ than the other weighs on both variants alike; each waits before its first batch 
 are ready (``LOOP_BARRIER``, ``tests/integration/scripts/loop_timer.py``), so that start-up
 (traceml's is longer) overlaps no loop. The caller alternates the launch order too
 (``later_first``): with one order, an A/A (both plain) read the run started second +9.5 us a
-batch slower (median of 8 pairs); with both orders, -0.1 (12 pairs). What it cannot remove: the two runs share the caches
-beyond L2 and the memory bus, as two ranks of one machine do.
+batch slower (median of 8 pairs); with both orders, -0.1 (12 pairs). What it cannot remove:
+the two runs share the caches beyond L2 and the memory bus, as two ranks of one machine do.
 """
 
 from __future__ import annotations
