@@ -5,6 +5,7 @@ test_any_loop.py)."""
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import inspect
 import io
@@ -318,9 +319,9 @@ def test_a_door_before_a_lightning_module_hook_runs_first_and_no_copy_carries_it
     def before(*args):
         timer.calls.append(("before", args, list(module.seen)))
 
-    undo = call_before_method(module, "on_train_batch_end", before, "trainer", None)
+    undo = call_before_method(module, "on_train_batch_end", functools.partial(before, "trainer"))
     assert module.on_train_batch_end(None, None, 7) == "theirs"
-    assert timer.calls == [("before", ("trainer", None), [])]  # before the user's hook runs
+    assert timer.calls == [("before", ("trainer",), [])]  # before the user's hook runs
     assert module.seen == [7]
     assert inspect.signature(module.on_train_batch_end) == signature
     for twin in copies(module):
@@ -331,3 +332,20 @@ def test_a_door_before_a_lightning_module_hook_runs_first_and_no_copy_carries_it
     assert sorted(vars(module)) == untraced
     module.on_train_batch_end(None, None, 9)
     assert len(timer.calls) == 1
+
+
+def test_a_door_before_the_users_own_instance_hook_calls_theirs_and_gives_it_back():
+    module, calls = HookedModule(), []
+
+    def theirs(outputs, batch, batch_idx):  # set on the instance by the user
+        calls.append(("theirs", batch_idx))
+        return "own"
+
+    module.on_train_batch_end = theirs
+    assert can_wrap_forward(module, "on_train_batch_end")
+    undo = call_before_method(module, "on_train_batch_end", lambda: calls.append("before"))
+    assert module.on_train_batch_end(None, None, batch_idx=3) == "own"
+    assert calls == ["before", ("theirs", 3)]
+    assert module.seen == []  # the class's hook is not called: theirs replaced it
+    undo()
+    assert module.__dict__["on_train_batch_end"] is theirs

@@ -170,22 +170,26 @@ def _install_forward(
     return undo
 
 
-def call_before_method(
-    module: Any, name: str, before: Callable[..., Any], *before_args: Any
-) -> Callable[[], None]:
-    """``before(*before_args)`` at each call of ``module``'s ``name`` method, just before the
-    method runs (``before`` must never raise: a guarded entry point, or a function that
-    catches its own failures); the undo. An
-    instance-level attribute that no copy of the module carries, as the forward's. Only where
-    :func:`can_wrap_forward` says so for ``name``."""
+def call_before_method(module: Any, name: str, before: Callable[[], Any]) -> Callable[[], None]:
+    """``before()`` at each call of ``module``'s ``name`` method, just before the method runs
+    (``before`` must never raise: a guarded entry point, or a function that catches its own
+    failures; arguments it needs are bound beforehand, by a ``functools.partial``, whose call
+    costs no frame and no ``*args`` call); the undo. An instance-level attribute that no copy
+    of the module carries, as the forward's. Only where :func:`can_wrap_forward` says so for
+    ``name``."""
     module_ref = weakref.ref(module)
     previous, function = _untimed_call(module, name)
+    if previous is not None:
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        before(*before_args)
-        if previous is not None:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            before()
             return previous(*args, **kwargs)
-        return function(module_ref(), *args, **kwargs)
+
+    else:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            before()
+            return function(module_ref(), *args, **kwargs)
 
     return _install_forward(module, wrapper, previous, name)
 

@@ -37,6 +37,7 @@ turns tracing off with one warning and never reaches the user.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from traceml import schema
@@ -188,13 +189,12 @@ class StepTiming:
         self.on_before_optimizer_step = None
 
     def _end_steps_before_module_hook(self, trainer: Any, pl_module: Any) -> None:
-        """The step ends just before the LightningModule's ``on_train_batch_end``, which
-        Lightning calls right after every callback's: the same point as this callback's hook
-        (the last callback), without Lightning's dispatch of it to a callback each batch."""
-        ended = self.on_train_batch_end  # the guarded hook, bound before the attribute hides it
+        """The step ends just before the LightningModule's ``on_train_batch_end`` (called right
+        after every callback's: this hook's point), without Lightning's dispatch to a callback."""
+        ended = partial(self.on_train_batch_end, trainer, None)  # before the attribute hides it
         if self.session.replay is not None and self._counters is not None:  # one-door timing
             ended = self.session.replay.step_end_door(*self._counters)  # one frame, no guard
-        if self.instruments.end_steps_before_module_hook(trainer, pl_module, ended):
+        if self.instruments.end_steps_before_module_hook(pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
 
     def _per_step_hooks_off(self) -> None:

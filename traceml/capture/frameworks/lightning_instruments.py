@@ -186,15 +186,14 @@ class Instruments:
             )
         self._undo.append(undo)
 
-    def end_steps_before_module_hook(self, trainer: Any, pl_module: Any, ended: Any) -> bool:
-        """Call ``ended(trainer, None)`` (the callback's guarded batch-end hook, or the
-        replay's ``step_end_door``, which catches its own failures) just
-        before ``pl_module.on_train_batch_end`` instead of as a callback hook; False where the
+    def end_steps_before_module_hook(self, pl_module: Any, ended: Any) -> bool:
+        """Call ``ended()`` (the callback's guarded batch-end hook with its arguments bound,
+        or the replay's ``step_end_door``, which catches its own failures) just before
+        ``pl_module.on_train_batch_end`` instead of as a callback hook; False where the
         module's hook cannot be wrapped."""
         if not can_wrap_forward(pl_module, "on_train_batch_end"):
             return False
-        # Not the module as an argument: the wrapper lives in the module's own __dict__.
-        undo = call_before_method(pl_module, "on_train_batch_end", ended, trainer, None)
+        undo = call_before_method(pl_module, "on_train_batch_end", ended)
         self._undo.append(undo)
         return True
 
