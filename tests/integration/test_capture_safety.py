@@ -69,10 +69,14 @@ import traceml.capture.frameworks.lightning as L
 # 1. Tuner fits
 
 
-def test_tuner_fits_before_the_training_leave_the_training_traced(tmp_path):
+@pytest.mark.parametrize("path", ["host", "cuda"])
+def test_tuner_fits_before_the_training_leave_the_training_traced(tmp_path, path):
     # lr_find (4 trial steps) then scale_batch_size (2 trials of 2 steps), each a Trainer.fit
-    # of its own on the same trainer, then the training: 6 steps.
-    result, run_dir = traced(tmp_path, TINY_TUNER="lr_find,scale_batch_size", TINY_BATCHES=6)
+    # of its own on the same trainer, then the training: 6 steps. The CUDA path (fake events)
+    # ends its steps through the callback's guarded hook, which a tuner's fit left hidden on
+    # the callback (None): the door before the module's hook must still reach it.
+    site = COUNTING_CUDA if path == "cuda" else None
+    result, run_dir = traced(tmp_path, site, TINY_TUNER="lr_find,scale_batch_size", TINY_BATCHES=6)
     assert result.returncode == 0, result.stderr[-3000:]
     assert warnings_of(result) == []
     lightning = tiny_result(result.stdout)
@@ -83,6 +87,8 @@ def test_tuner_fits_before_the_training_leave_the_training_traced(tmp_path):
     assert [r["kind"] for r in records].count("header") == 1
     assert records[-1]["kind"] == "footer"
     assert records[-1]["status"] == schema.STATUS_COMPLETED and records[-1]["steps"] == 6
+    if path == "cuda":
+        assert [s[schema.GPU_STEP] for s in steps] == [0.5] * 6  # the CUDA path really ran
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,10 +25,9 @@ no CUDA events) where the stepping microbatch's backward ended (``_time_optimize
 Sanity checks and validation run through other loops and are never timed: every boundary is
 only honoured while a training microbatch is open.
 
-Who does what: ``lightning_attach`` gives the first training fit of the process this callback;
-the callback only translates Lightning's hooks into boundaries of a
-:class:`~traceml.capture.session.Session` (which owns the clock, the parts and the rank file);
-``lightning_instruments`` installs the fetcher, transfer, backward, forward, optimizer step.
+Who does what: ``lightning_attach`` gives the first training fit of the process this callback,
+which translates Lightning's hooks into boundaries of a :class:`~traceml.capture.session.Session`
+(the clock, the parts, the rank file); ``lightning_instruments`` installs the doors.
 Every hook and instrument callback is a guarded entry point (``traceml.capture.guard``) or
 catches its own failures as one (``step_events.step_end_door``): a failure inside traceml
 turns tracing off with one warning and never reaches the user.
@@ -73,8 +72,7 @@ def _is_tuner_fit(trainer: Any) -> bool:
 
 
 class StepTiming:
-    """Lightning callback body (mixed into each package's ``Callback``; see the module
-    docstring for what each phase covers)."""
+    """Lightning callback body (mixed into each package's ``Callback``; phases: see above)."""
 
     def __init__(
         self,
@@ -162,6 +160,8 @@ class StepTiming:
             self.session.mark_unsupported("a training_step that takes dataloader_iter")
             self._per_step_hooks_off()
             return
+        for hook in ("on_before_optimizer_step", "on_train_batch_end"):  # the class's again:
+            self.__dict__.pop(hook, None)  # an earlier fit's end (a Tuner's) hid them
         self.session.start(
             getattr(pl_module, "device", None),
             _loop_facts(trainer),
@@ -191,9 +191,10 @@ class StepTiming:
     def _end_steps_before_module_hook(self, trainer: Any, pl_module: Any) -> None:
         """The step ends just before the LightningModule's ``on_train_batch_end`` (called right
         after every callback's: this hook's point), without Lightning's dispatch to a callback."""
-        ended = partial(self.on_train_batch_end, trainer, None)  # before the attribute hides it
         if self.session.replay is not None and self._counters is not None:  # one-door timing
             ended = self.session.replay.step_end_door(*self._counters)  # one frame, no guard
+        else:  # the class's guarded hook: an earlier fit (a Tuner's) may have hidden this one's
+            ended = partial(type(self).on_train_batch_end, self, trainer, None)
         if self.instruments.end_steps_before_module_hook(pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
 
@@ -220,10 +221,9 @@ class StepTiming:
     def optimizer_stepped(self) -> None:
         self.session.optimizer_ended()
 
-    # Just before the module's on_train_batch_end (_end_steps_before_module_hook; one-door
-    # timing calls the replay's step_end_door there instead), else as a callback hook. Per step
-    # though it takes the telemetry sampler's queue (telemetry.collect, once a second): the
-    # sampler's own_cost_ns is no part of traceml_us, so nothing is counted twice.
+    # Just before the module's on_train_batch_end (_end_steps_before_module_hook; one-door timing
+    # calls the replay's step_end_door there instead), else as a callback hook. It takes the
+    # sampler's queue (telemetry.collect, once a second), whose own_cost_ns is not in traceml_us.
     @entry_point(
         END_DOOR,
         "Lightning's on_train_batch_end (just before the module's hook, or this callback's)",
