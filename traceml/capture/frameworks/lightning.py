@@ -193,7 +193,7 @@ class StepTiming:
         after every callback's: this hook's point), without Lightning's dispatch to a callback."""
         if self.session.replay is not None and self._counters is not None:  # one-door timing
             ended = self.session.replay.step_end_door(*self._counters)  # one frame, no guard
-        else:  # the class's guarded hook: an earlier fit (a Tuner's) may have hidden this one's
+        else:  # the class's hook (a Tuner's fit may have hidden this one); no module: a cycle
             ended = partial(type(self).on_train_batch_end, self, trainer, None)
         if self.instruments.end_steps_before_module_hook(pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
