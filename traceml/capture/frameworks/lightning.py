@@ -113,6 +113,7 @@ class StepTiming:
         self.session.add_undo(self._per_step_hooks_off)
         self.pid = os.getpid()
 
+    _PER_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")  # None once it stops
     # Lightning dispatches every callback's hooks (a profiler context and a call, ~2 us) but
     # skips a non-callable attribute (trainer/call.py): per-batch hooks not needed are None.
     on_train_batch_start = None
@@ -160,8 +161,8 @@ class StepTiming:
             self.session.mark_unsupported("a training_step that takes dataloader_iter")
             self._per_step_hooks_off()
             return
-        for hook in ("on_before_optimizer_step", "on_train_batch_end"):  # the class's again:
-            self.__dict__.pop(hook, None)  # an earlier fit's end (a Tuner's) hid them
+        for hook in self._PER_STEP_HOOKS:  # the class's again: a Tuner fit's end hid them
+            self.__dict__.pop(hook, None)
         self.session.start(
             getattr(pl_module, "device", None),
             _loop_facts(trainer),
@@ -189,19 +190,18 @@ class StepTiming:
         self.on_before_optimizer_step = None
 
     def _end_steps_before_module_hook(self, trainer: Any, pl_module: Any) -> None:
-        """The step ends just before the LightningModule's ``on_train_batch_end`` (called right
-        after every callback's: this hook's point), without Lightning's dispatch to a callback."""
+        """The step ends just before the module's ``on_train_batch_end``, after every callback."""
         if self.session.replay is not None and self._counters is not None:  # one-door timing
             ended = self.session.replay.step_end_door(*self._counters)  # one frame, no guard
-        else:  # the class's hook (a Tuner's fit may have hidden this one); no module: a cycle
-            ended = partial(type(self).on_train_batch_end, self, trainer, None)
+        else:  # bound before the attribute hides it; no module: its __dict__ holds the wrapper
+            ended = partial(self.on_train_batch_end, trainer, None)
         if self.instruments.end_steps_before_module_hook(pl_module, ended):
             self.on_train_batch_end = None  # not callable: Lightning skips it (trainer/call.py)
 
     def _per_step_hooks_off(self) -> None:
         """A final state (limit, failure, end, unsupported) is for good: skip these hooks."""
-        self.on_before_optimizer_step = None
-        self.on_train_batch_end = None
+        for hook in self._PER_STEP_HOOKS:
+            setattr(self, hook, None)
 
     @entry_point("lightning.on_train_epoch_start", "Lightning's on_train_epoch_start hook")
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
