@@ -29,6 +29,7 @@ from pathlib import Path
 
 import side_by_side
 from _common import TINY, clean_env
+from overhead import STRESS, traced_env  # the traced run's environment, as overhead.py's
 
 # The windows, as fractions of the batches: each half's middle, clear of the first batches
 # (warm-up) and of the batches around the limit (the doors coming off, the last flush).
@@ -74,17 +75,19 @@ def main() -> None:
         )
         for index in range(args.pairs):
             files = [work / f"plain{index}.ns", work / f"traced{index}.ns"]
-            common = {"LOOP_TIMER": 1, "TINY_VALIDATE": 0, "TINY_BATCHES": args.batches}
+            common = {**STRESS, "TINY_BATCHES": args.batches}
             envs = [
-                clean_env(**common, RFD_WORKDIR=work / f"w{index}p", LOOP_TIMER_DURATIONS=files[0]),
                 clean_env(
                     **common,
-                    RFD_WORKDIR=work / f"w{index}t",
+                    LOOP_TIMER=1,
+                    RFD_WORKDIR=work / f"w{index}p",
+                    LOOP_TIMER_DURATIONS=files[0],
+                ),
+                traced_env(
+                    work,
+                    f"split{index}",
+                    common,
                     LOOP_TIMER_DURATIONS=files[1],
-                    TRACEML=1,
-                    TRACEML_REPORT=0,
-                    TRACEML_LOGS_DIR=work / "logs",
-                    TRACEML_RUN_NAME=f"split{index}",
                     TRACEML_TRACE_MAX_STEPS=args.batches // 2,
                 ),
             ]
