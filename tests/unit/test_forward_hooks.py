@@ -235,6 +235,41 @@ def test_one_door_leaves_a_forward_inside_backward_to_backward():
     undo()
 
 
+def test_a_forward_kept_by_the_user_logs_nothing_after_the_undo():
+    # A callback that keeps ``model.forward`` while traced (an EMA helper, a closure) holds
+    # traceml's wrapper: after the undo it must run the forward untimed, or its log grows for
+    # as long as they call it (130 bytes a call on a real fit, found by review).
+    model = Recursive()
+    starts: list[int] = []
+    undo = one_door(model, starts)
+    kept = model.forward
+    assert kept(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert starts == [100]
+    undo()
+    assert "forward" not in vars(model)
+    for _ in range(3):
+        assert kept(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert starts == [100]
+
+
+def test_an_undo_during_the_forward_leaves_its_later_calls_untimed():
+    starts: list[int] = []
+    undo = None
+
+    class Undoing(torch.nn.Module):  # the forward turns tracing off (a failure elsewhere)
+        def forward(self, x):
+            undo()
+            return x + 1
+
+    model = Undoing()
+    undo = one_door(model, starts)
+    kept = model.forward
+    assert kept(torch.ones(1)).tolist() == [2.0]
+    assert starts == [100]  # the call in progress is logged once, as it began timed
+    kept(torch.ones(1))
+    assert starts == [100]
+
+
 def test_the_users_own_instance_forward_is_called_and_given_back():
     model = make()
     seen = []

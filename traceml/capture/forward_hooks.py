@@ -125,11 +125,13 @@ def wrap_forward_once(
     call of this module returns or raises (``clock()`` reads before and after it; ``log`` must
     never raise: a ``deque.append``). A call inside another (a module calling itself) is part of
     the outer one; so is a call while ``inside.depth`` is set (a recomputation inside the
-    backward pass, whose time is Backward's). The undo. Only for a module that
-    :func:`can_wrap_forward`."""
+    backward pass, whose time is Backward's). The undo; after it, a copy of the wrapper that
+    the user's code kept (``fwd = model.forward``, read while traced) calls the forward untimed
+    and logs nothing: its log would otherwise grow for as long as they call it. Only for a
+    module that :func:`can_wrap_forward`."""
     module_ref = weakref.ref(module)
     previous, function = _untimed_call(module)
-    depth = 0
+    depth = 0  # 1 inside the outermost call; 2 or 1 for good after the undo (see disarm)
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
         nonlocal depth
@@ -144,10 +146,17 @@ def wrap_forward_once(
                 return previous(*args, **kwargs)
             return function(module_ref(), *args, **kwargs)
         finally:
-            depth = 0
+            depth -= 1  # 0, or 1 where the undo came during this call: untimed from now on
             log((door, start, clock()))
 
-    return _install_forward(module, timed_forward, previous)
+    undo = _install_forward(module, timed_forward, previous)
+
+    def disarm_and_undo() -> None:
+        nonlocal depth
+        depth = 2  # every later call takes the untimed path, which leaves depth alone
+        undo()
+
+    return disarm_and_undo
 
 
 def _install_forward(
