@@ -334,6 +334,55 @@ def test_unsupported_setup_is_named_and_trains_natively(tmp_path):
     assert "NOT-TRACED" in report.stdout and "manual optimization" in report.stdout
 
 
+COMPILED_IN_PLACE = """
+import torch
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        layers = torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+        self.model = torch.nn.Sequential(*layers)
+        self.model.compile(backend="eager", fullgraph=True)  # nn.Module.compile: in place
+
+    def training_step(self, batch, idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.model(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+data = DataLoader(TensorDataset(torch.randn(32, 16), torch.randn(32, 1)), batch_size=8)
+trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+module = Module()
+trainer.fit(module, data)
+print("RESULT", trainer.global_step, module.model[0].weight.detach().sum().item())
+"""
+
+
+def test_a_network_compiled_in_place_is_named_and_trains_as_untraced(tmp_path):
+    # Module.compile(fullgraph=True) compiles the forward as the module's attribute finds it:
+    # with traceml's door there, its clock read broke the graph and the user's fit raised
+    # (torch._dynamo Unsupported). Now it is named, as torch.compile(model) is.
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED_IN_PLACE)
+    untraced = run([PYTHON, script], clean_env(), tmp_path)
+    assert untraced.returncode == 0, untraced.stderr
+    result = run([PYTHON, script], traced_env(tmp_path, "compiled"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    outcome = [line for line in result.stdout.splitlines() if line.startswith("RESULT")]
+    assert outcome == [line for line in untraced.stdout.splitlines() if line.startswith("RESULT")]
+    assert outcome[0].split()[1] == "4"
+    assert warning_lines(result.stderr) == [
+        "traceml: not tracing: torch.compile (and the CUDA graphs it may capture) is not "
+        "supported; training runs natively"
+    ]
+
+
 FAKE_CUDA = """
 import time
 import traceml.capture.frameworks.lightning as L

@@ -370,12 +370,12 @@ def unsupported_configuration(trainer: Any, pl_module: Any) -> str | None:
         if token in strategy_name:
             return label
     accelerator_name = type(getattr(trainer, "accelerator", None)).__name__.lower()
-    if "xla" in accelerator_name or "tpu" in accelerator_name:
-        return "TPU/XLA"
-    if "mps" in accelerator_name:
-        return "Apple MPS"
+    if "xla" in accelerator_name or "tpu" in accelerator_name or "mps" in accelerator_name:
+        return "Apple MPS" if "mps" in accelerator_name else "TPU/XLA"
     module = forward_module(pl_module)
-    if module is not None and type(module).__name__ == "OptimizedModule":
+    # model.compile() in place too: a fullgraph compile would trace the door's clock and raise
+    in_place = getattr(module, "_compiled_call_impl", None) is not None
+    if module is not None and (in_place or type(module).__name__ == "OptimizedModule"):
         return "torch.compile (and the CUDA graphs it may capture)"
     return None
 
