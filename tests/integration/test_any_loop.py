@@ -25,6 +25,7 @@ from procs import (
     steps_of,
     torchrun_2,
     traced_env,
+    warning_lines,
 )
 
 LOOP = SCRIPTS / "plain_loop.py"
@@ -228,3 +229,40 @@ def test_a_ddp_hugging_face_trainer_names_the_straggler_and_its_phase(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "logs" / "hfddp"
     assert_rank_1_is_the_forward_straggler(run_dir, tmp_path, steps=16, integration="hf_trainer")
+
+
+COMPILED_LOOP = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+model.compile(backend="eager", fullgraph=True)  # nn.Module.compile: in place
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.utils.data.TensorDataset(torch.randn(32, 16), torch.randn(32, 1))
+for x, y in torch.utils.data.DataLoader(data, batch_size=8):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+print("RESULT", model[0].weight.detach().sum().item())
+"""
+
+
+def test_a_loop_over_a_model_compiled_in_place_trains_as_untraced_and_is_named(tmp_path):
+    # The compiler traced traceml's global forward hooks inside the module's compiled call,
+    # met the clock and raised (torch._dynamo Unsupported) in the user's loop. The hooks now
+    # stay out of the graph; nothing then opens the session, and the first optimizer step
+    # says so.
+    script = tmp_path / "compiled_loop.py"
+    script.write_text(COMPILED_LOOP)
+    untraced = run([PYTHON, script], clean_env(), tmp_path)
+    assert untraced.returncode == 0, untraced.stderr
+    result = run([PYTHON, script], traced_env(tmp_path / "logs", "compiled"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [x for x in result.stdout.splitlines() if x.startswith("RESULT")] == [
+        x for x in untraced.stdout.splitlines() if x.startswith("RESULT")
+    ]
+    assert warning_lines(result.stderr) == [
+        "traceml: not tracing: an optimizer stepped before any training forward was seen (a "
+        "module call in train mode with gradients on); a model compiled in place "
+        "(model.compile()) or trained in eval mode is not traced; training runs natively"
+    ]

@@ -244,9 +244,27 @@ class LoopCapture:
 
     @entry_point("torch_loop.optimizer_pre_hook", "torch.optim's global step pre-hook")
     def optimizer_started(self, optimizer: Any) -> None:
+        if self.session is None:
+            self._stepped_before_any_forward()
+            return
         if not self._is_step_optimizer(optimizer):
             return
         self.session.optimizer_started()
+
+    def _stepped_before_any_forward(self) -> None:
+        """No training forward opened the session, and an optimizer steps: nothing will (a
+        module compiled in place runs its hooks inside the compiled graph, where the compiler
+        leaves them out). Named once, and the hooks go: no cost for a loop not traced."""
+        if any(name in sys.modules for name in _LIGHTNING):
+            return  # a Lightning fit claims the process and traces it its own way
+        from traceml import console
+
+        console.warn(
+            "not tracing: an optimizer stepped before any training forward was seen (a module "
+            "call in train mode with gradients on); a model compiled in place "
+            "(model.compile()) or trained in eval mode is not traced; training runs natively"
+        )
+        self.stand_down()
 
     @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
     def optimizer_ended(self, optimizer: Any) -> None:

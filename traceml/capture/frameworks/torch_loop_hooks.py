@@ -23,6 +23,21 @@ from traceml.capture.forward_hooks import add_forward_hooks
 from traceml.capture.undo import undo_all
 
 
+def _compiler_check() -> Any:
+    try:
+        from torch.compiler import is_compiling
+    except ImportError:  # torch before 2.3: no compiler traces module hooks in place
+        return lambda: False
+    return is_compiling
+
+
+# A module compiled in place (``model.compile(fullgraph=True)``) has torch's compiler trace
+# its whole call, the forward hooks in it: traceml's clock there is a call the compiler cannot
+# trace, and a fullgraph compile raised in the user's loop. The compiler reads this check as
+# True and leaves the hooks out of its graph; run natively, it is False.
+_compiling = _compiler_check()
+
+
 class LoopHooks:
     def __init__(self, capture: Any) -> None:
         self.capture = capture
@@ -52,6 +67,8 @@ class LoopHooks:
     # -- forward ---------------------------------------------------------------------------
 
     def _pre(self, module: Any, _args: Any) -> None:
+        if _compiling():  # only ever true while torch's compiler traces: see _compiling
+            return
         depth = self._depth
         self._depth = depth + 1
         if depth == 0:
@@ -61,6 +78,8 @@ class LoopHooks:
                 self.roots.add(module)
 
     def _post(self, _module: Any, _args: Any, _output: Any) -> None:
+        if _compiling():
+            return
         self._depth -= 1
         if self._depth == 0 and self._outer_timed:
             self._outer_timed = False
