@@ -342,8 +342,7 @@ class StepTiming:
         session.use_input_timing(timing)
 
 
-# ----------------------------------------------------------------------------------------------
-# Facts and checks
+# -- facts and checks ------------------------------------------------------------------------
 
 
 def rank_info_of(trainer: Any) -> dict[str, Any]:
@@ -370,8 +369,9 @@ def unsupported_configuration(trainer: Any, pl_module: Any) -> str | None:
         if token in strategy_name:
             return label
     accelerator_name = type(getattr(trainer, "accelerator", None)).__name__.lower()
-    if "xla" in accelerator_name or "tpu" in accelerator_name or "mps" in accelerator_name:
-        return "Apple MPS" if "mps" in accelerator_name else "TPU/XLA"
+    for token, label in (("xla", "TPU/XLA"), ("tpu", "TPU/XLA"), ("mps", "Apple MPS")):
+        if token in accelerator_name:
+            return label
     module = forward_module(pl_module)
     # model.compile() in place too: a fullgraph compile would trace the door's clock and raise
     in_place = getattr(module, "_compiled_call_impl", None) is not None
