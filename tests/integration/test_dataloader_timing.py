@@ -5,6 +5,7 @@ at every epoch."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,7 @@ def test_rfdetr_slow_dataset_is_attributed_to_getitem(tmp_path, workers):
         RFI_GETITEM_SLEEP_MS=RFDETR_SLEEP_MS,
     )
     result = run([PYTHON, SCRIPTS / "rfdetr_input.py"], env, tmp_path, timeout=300)
+    shutil.rmtree(tmp_path / "work", ignore_errors=True)  # ~0.7 GB of RF-DETR checkpoints
     assert result.returncode == 0, result.stderr[-3000:]
     records = [r for r in rank_records(tmp_path / "logs" / "a") if r["kind"] == "input"]
     assert [r["num_workers"] for r in records] == [workers]

@@ -43,6 +43,13 @@ def checkpoints(directory: Path) -> dict[str, object]:
     return found
 
 
+def drop(directory: Path, keep: Path | None = None) -> None:
+    """Delete the checkpoints once read: each is 0.1-0.4 GB, and a CI machine's disk is small."""
+    for path in list(directory.glob("*.ckpt")) + list(directory.glob("*.pth")):
+        if path != keep:
+            path.unlink()
+
+
 def main() -> None:
     from rfdetr import RFDETRNano
 
@@ -70,6 +77,9 @@ def main() -> None:
     except Exception as exc:  # e.g. onnx not installed: the same either way
         outcome["export"] = describe(exc)
     resume_from = os.environ.get("TR_RESUME_FROM") or str(WORK / "out" / "last.ckpt")
+    # The checkpoint to resume from stays (the traced run's last.ckpt: the untraced run resumes
+    # from it too, and the test deletes it after).
+    drop(WORK / "out", keep=Path(resume_from))
     resumed = model()
     resumed.train(
         epochs=2,
@@ -79,6 +89,7 @@ def main() -> None:
         **common,
     )
     outcome["resume.checkpoints"] = checkpoints(WORK / "resumed")
+    drop(WORK / "resumed")
 
 
 if __name__ == "__main__":
