@@ -16,6 +16,7 @@ are RSS reads (stretched with the flusher's interval: ~25 bytecodes every 10 ms 
 
     python benchmarks/bytecode_profile.py              # ~1 minute
     python benchmarks/bytecode_profile.py --top 60
+    python benchmarks/bytecode_profile.py --limit 1   # the traced process door-free after step 1
 """
 
 from __future__ import annotations
@@ -110,13 +111,15 @@ def counts(path: Path) -> dict[str, tuple[float, float]]:
     return table
 
 
-def profile(traced: bool, work: Path) -> dict[str, tuple[float, float]]:
+def profile(traced: bool, work: Path, limit: int | None = None) -> dict[str, tuple[float, float]]:
     out = work / ("traced.tsv" if traced else "plain.tsv")
     site = work / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(_SITE)
     scripts = TINY.parent
     extra = {"TRACEML": "1", "TRACEML_REPORT": "0", "TRACEML_LOGS_DIR": work / "logs"}
+    if limit is not None:  # TRACEML_TRACE_MAX_STEPS: the doors come off after that many steps
+        extra["TRACEML_TRACE_MAX_STEPS"] = limit
     env = clean_env(
         LOOP_TIMER="1",
         TINY_VALIDATE=0,
@@ -135,10 +138,13 @@ def profile(traced: bool, work: Path) -> dict[str, tuple[float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--limit", type=int, help="trace only the first LIMIT steps (what a door-free process adds)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="traceml-bytecode-") as folder:
         work = Path(folder)
-        plain, traced = profile(False, work), profile(True, work)
+        plain, traced = profile(False, work), profile(True, work, args.limit)
     total = {
         name: sum(ops for _, ops in table.values())
         for name, table in (("plain", plain), ("traced", traced))

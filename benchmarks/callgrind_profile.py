@@ -10,6 +10,11 @@ instantiations, calls of an object with ``__call__``, calls with keyword argumen
 
     python benchmarks/callgrind_profile.py          # ~6 minutes on 2 cores
     python benchmarks/callgrind_profile.py --top 60
+    python benchmarks/callgrind_profile.py --limit 1   # the traced process door-free after step 1
+
+``--limit`` runs the flusher at its native interval (the limit is reached on the flusher, and
+the window must come after it): the flusher and the sampler then wake ~60 times as often per
+batch as natively, so their wake-ups (``pthread_cond_signal``, the GIL's) read too high.
 """
 
 from __future__ import annotations
@@ -76,9 +81,14 @@ def window_dump(folder: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=30, help="functions listed")
+    parser.add_argument("--limit", type=int, help="trace only the first LIMIT steps")
     args = parser.parse_args()
     overhead.CLOCK["field"] = "instructions"
     batches = overhead.CG["batches"]
+    limit = {}
+    if args.limit is not None:
+        limit = {"TRACEML_TRACE_MAX_STEPS": args.limit}
+        overhead.CG["scale"] = 1.0
     with tempfile.TemporaryDirectory(prefix="traceml-cgprofile-") as tmp:
         work = Path(tmp)
         overhead.CG["library"] = str(callgrind_window.build_library(work))
@@ -88,7 +98,7 @@ def main() -> None:
             if name == "plain":
                 env = clean_env(LOOP_TIMER="1", RFD_WORKDIR=work / name, **workload)
             else:
-                env = overhead.traced_env(work, name, workload)
+                env = overhead.traced_env(work, name, workload, **limit)
             folder = work / f"dumps-{name}"
             folder.mkdir()
             count, _ = overhead.loop_instructions(TINY, env, work, keep=folder)
