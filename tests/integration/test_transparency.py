@@ -62,6 +62,8 @@ TABLE: dict[str, tuple[str, list[str]]] = {
         "main",
         ["fit.global_step", "fit.weights", "fit.callback_batches"],
     ),
+    "no object of Lightning's, torch's or the script's gets its own __dict__ made (its attribute "
+    "loads stay the fast kind)": ("dicts", ["dicts.made"]),
     "trainer.validate / test / predict after fit": (
         "main",
         ["after.validate", "after.test", "after.predict"],
@@ -96,7 +98,7 @@ TABLE: dict[str, tuple[str, list[str]]] = {
         ["threads_left"],
     ),
 }
-GROUPS = ("main", "gan", "resume", "ddp", "rfdetr")
+GROUPS = ("main", "gan", "resume", "dicts", "ddp", "rfdetr")
 # Known gaps, each a strict xfail (it fails the suite once fixed, so the mark comes off).
 KNOWN_GAPS: dict[str, str] = {}
 

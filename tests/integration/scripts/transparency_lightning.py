@@ -14,13 +14,16 @@ process traces its first fit only, so TR_CASE picks which training comes first:
 
 from __future__ import annotations
 
+import collections
 import copy
+import gc
 import hashlib
 import io
 import json
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 
 import lightning.pytorch as pl
@@ -198,6 +201,27 @@ def floats(metrics) -> list:
     return [{key: float(value) for key, value in sorted(m.items())} for m in metrics]
 
 
+def dicts_made() -> dict[str, int] | str:
+    """Lightning's, torch's and the script's objects that have their own ``__dict__`` made, by
+    class. On CPython 3.11+ an object keeps its attributes inline until something makes one (a
+    read of ``obj.__dict__``, an attribute its class's shared keys lack); from then on every
+    attribute load on it takes the slower lookup, for the rest of the process."""
+    if sys.version_info < (3, 11):
+        return "inline attributes start in 3.11"
+    made: collections.Counter[str] = collections.Counter()
+    for obj in gc.get_objects():
+        cls = type(obj)
+        module = cls.__dict__.get("__module__")
+        if not isinstance(module, str) or not module.startswith(("lightning", "torch", "__main__")):
+            continue
+        if isinstance(obj, type) or not cls.__flags__ & (1 << 4):  # Py_TPFLAGS_MANAGED_DICT
+            continue
+        referents = gc.get_referents(obj)  # the dict, if made; the values, if not
+        if any(referent is obj.__dict__ for referent in referents):  # (this read makes one)
+            made[f"{module}.{cls.__qualname__}"] += 1
+    return dict(sorted(made.items()))
+
+
 def main_case() -> None:
     dataset = Points()
     train = DataLoader(
@@ -259,6 +283,14 @@ def gan_case() -> None:
     outcome["gan.weights"] = weights(model)
 
 
+def dicts_case() -> None:
+    """A plain fit, then what has a ``__dict__`` made: the main case's round trips (deepcopy
+    and pickle read ``__dict__``) make one on everything they reach, untraced too."""
+    fit = trainer()
+    fit.fit(Net(), DataLoader(Points(), batch_size=4, collate_fn=collate))
+    outcome["dicts.made"] = dicts_made()
+
+
 def resume_case() -> None:
     model = Net()
     fit = trainer(epochs=2)
@@ -273,7 +305,7 @@ def resume_case() -> None:
 
 
 if __name__ == "__main__":
-    {"main": main_case, "gan": gan_case, "resume": resume_case}[CASE]()
+    {"main": main_case, "gan": gan_case, "resume": resume_case, "dicts": dicts_case}[CASE]()
     outcome["threads_left"] = sorted(
         t.name for t in threading.enumerate() if t is not threading.main_thread()
     )

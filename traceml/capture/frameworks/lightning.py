@@ -40,6 +40,7 @@ from functools import partial
 from typing import Any
 
 from traceml import schema
+from traceml.capture.class_doors import door_on_class
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import FINAL, IDLE, READY, TRACING
 from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
@@ -305,24 +306,22 @@ class StepTiming:
 
     def _prepare_input_timing(self, trainer: Any) -> None:
         """Lightning 2.x makes the first epoch's iterator (forks its workers) before
-        ``on_train_start``: the timing goes in right after the loader is final
-        (``_load_combined_loader_states``, wrapped on this fit loop instance only)."""
+        ``on_train_start``: the timing goes in once the loader is final (a door on the fit
+        loop's ``_load_combined_loader_states``, on its class: see ``class_doors``)."""
         fit_loop = trainer.fit_loop
-        original = getattr(fit_loop, "_load_combined_loader_states", None)
-        if original is None:
+        if getattr(fit_loop, "_load_combined_loader_states", None) is None:
             return  # another Lightning: installed at on_train_start (first epoch untimed)
 
-        def load_states_then_time_input() -> None:
-            original()
-            self._install_input_timing(trainer)
+        def make(original: Any, target: Any) -> Any:
+            def load_states_then_time_input(loop: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(loop, *args, **kwargs)
+                if loop is target.obj:
+                    self._install_input_timing(trainer)
+                return result
 
-        fit_loop._load_combined_loader_states = load_states_then_time_input
+            return load_states_then_time_input
 
-        def restore() -> None:
-            if fit_loop.__dict__.get("_load_combined_loader_states") is load_states_then_time_input:
-                del fit_loop._load_combined_loader_states
-
-        self.instruments.add_undo(restore)
+        self.instruments.add_undo(door_on_class(fit_loop, "_load_combined_loader_states", make))
 
     @entry_point("dataloader.install", "the training DataLoader, before its iterator exists")
     def _install_input_timing(self, trainer: Any) -> None:
