@@ -22,13 +22,16 @@ from rankfiles import footer, header, step
 DEADLINE_S = 240
 
 PANEL_FIRST = re.compile(r"^traceml (\S+) \[[^\]]*\] \| steps r0=(\d+)")
+# One write a line: print() writes the text and its newline apart, and Lightning's own stderr
+# lines (another thread) can land between the two, untraced too ("CHATTY line 11TPU available").
 CHATTY_SCRIPT = """
-import runpy, threading, time
+import runpy, sys, threading, time
 
 def chatter():
     index = 0
     while True:
-        print(f"CHATTY line {index}", flush=True)
+        sys.stdout.write(f"CHATTY line {index}\\n")
+        sys.stdout.flush()
         index += 1
         time.sleep(0.3)
 
