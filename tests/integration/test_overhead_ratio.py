@@ -13,6 +13,10 @@ up to ``MAX_ROUNDS``, before the test fails: a spell of load on the runner can o
 (it did on 2026-12-05: 1.123 after six, while the same commit read 1.002 and 1.087 that hour),
 and the minimum over more runs only comes nearer the true cost; a regression raises every
 traced run, however many.
+It fails only when the median of the rounds' own ratios is above the bar too: a lucky plain
+run (one quiet second on a loaded runner) lifts the ratio of the minima alone. It read 1.138
+after twelve rounds in a loaded hour on 2026-12-06, the rounds' median 1.055; a regression
+raises every traced run, so both.
 ``benchmarks/overhead.py --budget`` says which door went over.
 """
 
@@ -60,16 +64,24 @@ def measure(tmp_path, runs: dict[bool, list[float]], rounds: int) -> float:
     return min(runs[True]) / min(runs[False])
 
 
+def median_ratio(runs: dict[bool, list[float]]) -> float:
+    """The median of the rounds' own traced/plain ratios."""
+    return statistics.median(t / p for t, p in zip(runs[True], runs[False], strict=True))
+
+
 def test_added_cost_per_step_is_within_twice_the_budget(tmp_path):
     runs: dict[bool, list[float]] = {False: [], True: []}
     ratio = measure(tmp_path, runs, ROUNDS)
-    while ratio > BAR and len(runs[True]) < MAX_ROUNDS:
+    paired = median_ratio(runs)
+    while ratio > BAR and paired > BAR and len(runs[True]) < MAX_ROUNDS:
         ratio = measure(tmp_path, runs, MORE_ROUNDS)
-    paired = statistics.median(t / p for t, p in zip(runs[True], runs[False], strict=True))
+        paired = median_ratio(runs)
     measured = (
         f"traced/plain {ratio:.3f} on the stress loop (~{(ratio - 1) * STRESS_STEP_US:.0f} us "
         f"per step on a {STRESS_STEP_US:.0f} us step; budget {BUDGET_US_PER_STEP:.0f} us, bar "
         f"{BAR:.3f}); {len(runs[True])} rounds, median of the rounds' ratios {paired:.3f}"
     )
     FIGURES.append(f"overhead ratio (issue 23): {measured}")
-    assert ratio <= BAR, f"above twice the budget (docs/overhead.md, issue 23): {measured}"
+    assert ratio <= BAR or paired <= BAR, (
+        f"above twice the budget (docs/overhead.md, issue 23): {measured}"
+    )
