@@ -29,9 +29,9 @@ LIGHTNING = SCRIPTS / "transparency_lightning.py"
 DDP = SCRIPTS / "transparency_ddp.py"
 RFDETR = SCRIPTS / "transparency_rfdetr.py"
 
-# Row (as in docs/transparency.md) -> (group, outcome keys compared; a key ending in "*"
-# compares every key with that prefix).
-TABLE: dict[str, tuple[str, list[str]]] = {
+# Row (as in docs/transparency.md) -> (group or groups, outcome keys compared; a key ending in
+# "*" compares every key with that prefix).
+TABLE: dict[str, tuple[str | tuple[str, ...], list[str]]] = {
     "pickle / deepcopy / torch.save of the dataset, collate_fn and DataLoader inside "
     "training_step": (
         "main",
@@ -63,7 +63,10 @@ TABLE: dict[str, tuple[str, list[str]]] = {
         ["fit.global_step", "fit.weights", "fit.callback_batches"],
     ),
     "no object of Lightning's, torch's or the script's gets its own __dict__ made (its attribute "
-    "loads stay the fast kind)": ("dicts", ["dicts.made"]),
+    "loads stay the fast kind), with and without DataLoader workers": (
+        ("dicts", "dicts_workers"),
+        ["dicts.made"],
+    ),
     "trainer.validate / test / predict after fit": (
         "main",
         ["after.validate", "after.test", "after.predict"],
@@ -98,7 +101,7 @@ TABLE: dict[str, tuple[str, list[str]]] = {
         ["threads_left"],
     ),
 }
-GROUPS = ("main", "gan", "resume", "dicts", "ddp", "rfdetr")
+GROUPS = ("main", "gan", "resume", "dicts", "dicts_workers", "ddp", "rfdetr")
 # Known gaps, each a strict xfail (it fails the suite once fixed, so the mark comes off).
 KNOWN_GAPS: dict[str, str] = {}
 
@@ -215,7 +218,8 @@ def test_traced_exactly_as_untraced(runs, row):
     if group == "rfdetr" and not has_rfdetr():
         pytest.skip("rfdetr is not installed")
     every = [g for g in GROUPS if g != "rfdetr" or has_rfdetr()]
-    for name in every if group == "every" else (group,):
+    names = every if group == "every" else group if isinstance(group, tuple) else (group,)
+    for name in names:
         plain, traced = runs.get(name, "plain"), runs.get(name, "traced")
         expected, got = selected(plain, patterns), selected(traced, patterns)
         assert expected, f"no outcome for {patterns} in the {name} run: a row that checks nothing"

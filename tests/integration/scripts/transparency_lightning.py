@@ -283,11 +283,14 @@ def gan_case() -> None:
     outcome["gan.weights"] = weights(model)
 
 
-def dicts_case() -> None:
+def dicts_case(workers: int = 0) -> None:
     """A plain fit, then what has a ``__dict__`` made: the main case's round trips (deepcopy
-    and pickle read ``__dict__``) make one on everything they reach, untraced too."""
+    and pickle read ``__dict__``) make one on everything they reach, untraced too. Batches come
+    from this process (``dicts``) or from a forked worker (``dicts_workers``): input timing
+    changes different objects in the two."""
     fit = trainer()
-    fit.fit(Net(), DataLoader(Points(), batch_size=4, collate_fn=collate))
+    loader = DataLoader(Points(), batch_size=4, collate_fn=collate, num_workers=workers)
+    fit.fit(Net(), loader)
     outcome["dicts.made"] = dicts_made()
 
 
@@ -305,7 +308,13 @@ def resume_case() -> None:
 
 
 if __name__ == "__main__":
-    {"main": main_case, "gan": gan_case, "resume": resume_case, "dicts": dicts_case}[CASE]()
+    {
+        "main": main_case,
+        "gan": gan_case,
+        "resume": resume_case,
+        "dicts": dicts_case,
+        "dicts_workers": lambda: dicts_case(workers=1),
+    }[CASE]()
     outcome["threads_left"] = sorted(
         t.name for t in threading.enumerate() if t is not threading.main_thread()
     )

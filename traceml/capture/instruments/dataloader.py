@@ -70,6 +70,22 @@ def _worker_slot() -> int | None:
     return info.id + 1 if info.id < MAX_WORKERS else None
 
 
+_NONE = object()
+
+
+def _instance_attribute(obj: Any, name: str) -> Any:
+    """``obj``'s own attribute ``name``, or ``_NONE`` when its class (or a base) defines the
+    name, or the object lacks it. Read through ``object`` so that neither the object's
+    ``__dict__`` is made (its attributes stay inline, as untraced) nor a subclass's
+    ``__getattr__`` / ``__setattr__`` runs."""
+    if any(name in vars(klass) for klass in type(obj).__mro__):
+        return _NONE
+    try:
+        return object.__getattribute__(obj, name)
+    except AttributeError:
+        return _NONE
+
+
 class WorkerStart:
     """``worker_init_fn`` of the traced DataLoader while it starts its workers: the worker
     times the fetchers it makes, then runs the user's ``worker_init_fn``. Picklable (spawned
@@ -221,12 +237,13 @@ class InputTiming:
         (in the loader only until :meth:`iterator_made`)."""
         loader = self.loader
         restore = None
-        if self.num_workers and "worker_init_fn" in loader.__dict__:
-            user_init = loader.__dict__["worker_init_fn"]
-            loader.__dict__["worker_init_fn"] = WorkerStart(user_init, self.map_path, self.main_pid)
+        user_init = _instance_attribute(loader, "worker_init_fn") if self.num_workers else _NONE
+        if user_init is not _NONE:
+            wrapper = WorkerStart(user_init, self.map_path, self.main_pid)
+            object.__setattr__(loader, "worker_init_fn", wrapper)
 
             def restore() -> None:
-                loader.__dict__["worker_init_fn"] = user_init
+                object.__setattr__(loader, "worker_init_fn", user_init)
 
         return clock_ns(), restore
 
