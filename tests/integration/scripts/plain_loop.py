@@ -4,8 +4,9 @@ Environment: LOOP_STEPS (optimizer steps, default 8), LOOP_ACCUM (microbatches p
 LOOP_GETITEM_MS / LOOP_FORWARD_MS / LOOP_BACKWARD_MS / LOOP_OPTIMIZER_MS (sleeps per sample,
 per forward, per backward, per optimizer step), LOOP_VALIDATE_EVERY (a validation pass every N
 steps), LOOP_ACCELERATE=1 (the same loop through accelerate.Accelerator(cpu=True)),
-LOOP_SLOW_RANK / LOOP_SLOW_FORWARD_MS (one DDP rank slower in forward). Under torchrun (2
-ranks) it trains with DDP on gloo. Prints ``LOOP_RESULT steps=<optimizer steps>``.
+LOOP_SLOW_RANK / LOOP_SLOW_FORWARD_MS (one DDP rank slower in forward), LOOP_WORKERS (the
+training DataLoader's num_workers). Under torchrun (2 ranks) it trains with DDP on gloo. Prints
+``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def round_trip(model: nn.Module) -> None:
     print(f"LOOP_ROUND_TRIP {json.dumps(outcome, sort_keys=True)}", flush=True)
 
 
+def probe_outcome() -> None:
+    """TR_CASE set (the transparency suite): what tracing could change unseen, while the
+    loop's objects are alive."""
+    if os.environ.get("TR_CASE"):
+        from dicts_probe import print_outcome
+
+        print_outcome()
+
+
 def validate(model: nn.Module, loader: DataLoader) -> None:
     model.eval()
     with torch.no_grad():
@@ -137,7 +147,8 @@ def main() -> int:
     sampler = None
     if world > 1:
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=False)
-    loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    workers = env_int("LOOP_WORKERS", 0)
+    loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=workers)
     val_loader = DataLoader(Samples(8), batch_size=4)
     optimizer = SlowSGD(model.parameters(), lr=0.01)
     loss_fn = nn.MSELoss()
@@ -170,6 +181,7 @@ def main() -> int:
                 validate(model, val_loader)
     print(f"LOOP_RESULT steps={stepped}", flush=True)
     print_weights(model, stepped)
+    probe_outcome()
     if world > 1:
         torch.distributed.destroy_process_group()
     return 0
@@ -192,6 +204,7 @@ def accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, valida
             if validate_every and stepped % validate_every == 0:
                 validate(model, val_loader)
     print(f"LOOP_RESULT steps={stepped}", flush=True)
+    probe_outcome()
     return 0
 
 

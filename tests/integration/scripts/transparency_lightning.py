@@ -14,20 +14,17 @@ process traces its first fit only, so TR_CASE picks which training comes first:
 
 from __future__ import annotations
 
-import collections
 import copy
-import gc
 import hashlib
 import io
 import json
 import multiprocessing
 import os
 import pickle
-import sys
-import threading
 
 import lightning.pytorch as pl
 import torch
+from dicts_probe import dicts_made, threads_left
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, Subset
 
@@ -201,27 +198,6 @@ def floats(metrics) -> list:
     return [{key: float(value) for key, value in sorted(m.items())} for m in metrics]
 
 
-def dicts_made() -> dict[str, int] | str:
-    """Lightning's, torch's and the script's objects that have their own ``__dict__`` made, by
-    class. On CPython 3.11+ an object keeps its attributes inline until something makes one (a
-    read of ``obj.__dict__``, an attribute its class's shared keys lack); from then on every
-    attribute load on it takes the slower lookup, for the rest of the process."""
-    if sys.version_info < (3, 11):
-        return "inline attributes start in 3.11"
-    made: collections.Counter[str] = collections.Counter()
-    for obj in gc.get_objects():
-        cls = type(obj)
-        module = cls.__dict__.get("__module__")
-        if not isinstance(module, str) or not module.startswith(("lightning", "torch", "__main__")):
-            continue
-        if isinstance(obj, type) or not cls.__flags__ & (1 << 4):  # Py_TPFLAGS_MANAGED_DICT
-            continue
-        referents = gc.get_referents(obj)  # the dict, if made; the values, if not
-        if any(referent is obj.__dict__ for referent in referents):  # (this read makes one)
-            made[f"{module}.{cls.__qualname__}"] += 1
-    return dict(sorted(made.items()))
-
-
 def main_case() -> None:
     dataset = Points()
     train = DataLoader(
@@ -315,7 +291,5 @@ if __name__ == "__main__":
         "dicts": dicts_case,
         "dicts_workers": lambda: dicts_case(workers=1),
     }[CASE]()
-    outcome["threads_left"] = sorted(
-        t.name for t in threading.enumerate() if t is not threading.main_thread()
-    )
+    outcome["threads_left"] = threads_left()
     print("TR_OUTCOME " + json.dumps(outcome, sort_keys=True), flush=True)
