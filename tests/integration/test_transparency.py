@@ -79,6 +79,9 @@ TABLE: dict[str, tuple[str | tuple[str, ...], list[str]]] = {
     "the same for a hand-written loop (one forked DataLoader worker), an Accelerate loop and a "
     "Hugging Face Trainer (objects of torch's, transformers', accelerate's and the script's "
     "classes)": (("loop", "accelerate", "hf"), ["dicts.made"]),
+    "model.forward during fit is a bound method of the model (type, __self__, __func__, pickling "
+    "it, its source and signature); torch.jit.script of the model and "
+    "LightningModule.to_torchscript during fit": ("dicts", ["forward.*"]),
     "trainer.validate / test / predict after fit": (
         "main",
         ["after.validate", "after.test", "after.predict"],

@@ -384,3 +384,42 @@ def test_a_door_before_the_users_own_instance_hook_calls_theirs_and_gives_it_bac
     assert module.seen == []  # the class's hook is not called: theirs replaced it
     undo()
     assert module.__dict__["on_train_batch_end"] is theirs
+
+
+def clock(x: torch.Tensor) -> torch.Tensor:  # a user global named as a timing helper might be
+    return x * 2
+
+
+class Scriptable(torch.nn.Module):  # module level: its source is read by TorchScript
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return clock(self.linear(x))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit.script's deprecation
+@pytest.mark.parametrize("wrap", [one_door, two_doors])
+def test_on_the_class_forward_stays_a_bound_method_that_pickles_and_scripts(wrap):
+    model, other = Scriptable(), Scriptable()
+    untraced = sorted(vars(model))
+    expected = model(torch.ones(1, 3))
+    calls: list = []
+    undo = wrap(model, calls)
+    bound = model.forward
+    assert inspect.ismethod(bound) and bound.__self__ is model
+    assert bound.__func__ is type(model).forward and sorted(vars(model)) == untraced
+    assert inspect.getsource(bound).lstrip().startswith("def forward(self, x: torch.Tensor)")
+    assert type(pickle.loads(pickle.dumps(bound))).__name__ == "method"
+    scripted = torch.jit.script(model)  # the user's source; `clock` is the user's global
+    assert torch.equal(scripted(torch.ones(1, 3)), expected)
+    other(torch.ones(1, 3))  # another instance of the class: straight through
+    timed = list(calls)
+    model(torch.ones(1, 3))
+    assert len(calls) > len(timed)
+    undo()
+    after = list(calls)
+    bound(torch.ones(1, 3))  # the bound door kept by the user: untimed after the undo
+    assert calls == after
+    assert not hasattr(Scriptable.forward, "__wrapped__")  # the class's own function again

@@ -17,6 +17,7 @@ class takes no attributes), the door is an instance attribute, as before.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from types import FunctionType, MethodType
 from typing import Any
@@ -115,3 +116,57 @@ def look_like(door: Door, original: Any) -> None:
         if value is not None:
             setattr(door, attribute, value)
     door.__wrapped__ = original
+
+
+def _nobody() -> None:
+    """What a class door's target becomes at its undo: it times no object from then on."""
+    return None
+
+
+def weak_door_on_class(module: Any, name: str, make: Any) -> Callable[[], None] | None:
+    """``make(call, target)``'s door set on ``module``'s class, timing ``module`` only (``self
+    is target.obj()``, a weak reference: the class keeps no module alive); the undo, or None
+    where the door cannot be on the class (the module has its own ``name``, the class's is not
+    a plain function, the class takes no attributes): then the caller sets it on the instance.
+
+    On the class, ``module.<name>`` stays what it is untraced: a bound method of the module
+    (``__self__``, ``inspect.ismethod``, pickling it, ``inspect.getsource`` through
+    ``__wrapped__``), nothing is added to the module's ``__dict__``, and ``torch.jit.script``
+    compiles the user's source, its names resolved in the user's module (:func:`_rehomed`)."""
+    cls = type(module)
+    original = getattr(cls, name, None)
+    if not isinstance(original, FunctionType) or name in module.__dict__:
+        return None
+    target = Target(weakref.ref(module))
+    door = _rehomed(make(original, target), original)
+    look_like(door, original)
+    for key, value in vars(original).items():  # torch.jit's markers (@torch.jit.ignore, ...)
+        door.__dict__.setdefault(key, value)
+    missing = object()
+    previous = cls.__dict__.get(name, missing)
+    try:
+        setattr(cls, name, door)
+    except (TypeError, AttributeError):
+        return None
+
+    def undo() -> None:
+        target.obj = _nobody  # a bound door the user kept runs untimed from now on
+        if cls.__dict__.get(name) is door:  # else someone replaced it since: theirs
+            if previous is missing:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, previous)
+
+    return undo
+
+
+def _rehomed(door: FunctionType, original: FunctionType) -> FunctionType:
+    """``door`` with the globals of ``original``'s module. ``torch.jit.script`` compiles the
+    source it finds through ``__wrapped__`` (the user's method) but resolves its names in the
+    globals and closure of the function it was given (the door): so the door reads no global
+    of its own, and its closure's names start with ``_traceml_`` (no user name is hidden)."""
+    rehomed = FunctionType(
+        door.__code__, original.__globals__, door.__name__, door.__defaults__, door.__closure__
+    )
+    rehomed.__kwdefaults__ = door.__kwdefaults__
+    return rehomed

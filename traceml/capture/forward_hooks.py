@@ -12,13 +12,16 @@ entries. ``pickle`` and ``copy`` look ``__getstate__`` up on the instance, so th
 other instance are untouched, and the copy is exactly what it would be untraced. The undo takes
 the hooks and the ``__getstate__`` away again.
 
-:func:`wrap_forward` and :func:`wrap_forward_once` time the forward without hooks: an
-instance-level ``forward`` that the same ``__getstate__`` leaves out of every copy. A module with
+:func:`wrap_forward` and :func:`wrap_forward_once` time the forward without hooks. A module with
 hooks takes torch's slow call path (every hook dict consulted, ~3.5 us per call on a 2-core
-machine); without them ``module(x)`` takes the fast path straight to ``self.forward``, which is
-then traceml's function. It holds the module by a weak reference (no cycle of traceml's through
-the module's own ``__dict__``) and calls the class's ``forward`` function as it was at install
-(or the user's own instance ``forward``, when they set one) exactly once per call. Only for a
+machine); without them ``module(x)`` takes the fast path straight to ``self.forward``. Where it
+can, the wrapper is a door on the module's class that times that one module (held by a weak
+reference) and lets every other instance through: ``module.forward`` stays a bound method of
+the module, pickles, scripts and reads as untraced (``class_doors.weak_door_on_class``).
+Otherwise (the user set their own instance ``forward``) it is an instance-level ``forward``
+that the same ``__getstate__`` leaves out of every copy. Either holds the module weakly (no cycle of
+traceml's through the module's own ``__dict__``) and calls the class's ``forward`` function as
+it was at install (or the user's own instance ``forward``) exactly once per call. Only for a
 module whose forward is a plain method and whose class copies itself through ``__getstate__``
 (:func:`can_wrap_forward`): anything else keeps the hooks. :func:`call_before_method` puts a door
 before one of the module's methods the same way (the LightningModule's ``on_train_batch_end``,
@@ -33,6 +36,8 @@ import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from traceml.capture import class_doors
 
 # A class that copies itself by any of these may copy its __dict__ as is, the wrapper with it.
 _OWN_COPYING = ("__deepcopy__", "__copy__", "__reduce__", "__reduce_ex__")
@@ -103,6 +108,23 @@ def wrap_forward(
     """Time ``module``'s forward with ``before()`` and ``after()`` around each call (``after``
     also when the forward raises; both must never raise: guarded entry points); the undo.
     Only for a module that :func:`can_wrap_forward`."""
+    _traceml_before, _traceml_after = before, after  # (closure names: see _rehomed)
+
+    def make(_traceml_call: Any, _traceml_target: Any) -> Any:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self is not _traceml_target.obj():
+                return _traceml_call(self, *args, **kwargs)
+            _traceml_before()
+            try:
+                return _traceml_call(self, *args, **kwargs)
+            finally:
+                _traceml_after()
+
+        return forward
+
+    undo = class_doors.weak_door_on_class(module, "forward", make)
+    if undo is not None:
+        return undo
     module_ref = weakref.ref(module)
     previous, function = _untimed_call(module)
 
@@ -129,6 +151,39 @@ def wrap_forward_once(
     the user's code kept (``fwd = model.forward``, read while traced) calls the forward untimed
     and logs nothing: its log would otherwise grow for as long as they call it. Only for a
     module that :func:`can_wrap_forward`."""
+    _traceml_clock, _traceml_log, _traceml_door, _traceml_inside = clock, log, door, inside
+
+    def make(_traceml_call: Any, _traceml_target: Any) -> Any:
+        _traceml_depth = 0  # 1 inside the outermost call of the traced module
+
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal _traceml_depth
+            if (
+                _traceml_depth
+                or self is not _traceml_target.obj()
+                or (_traceml_inside is not None and _traceml_inside.depth)
+            ):
+                return _traceml_call(self, *args, **kwargs)
+            _traceml_depth = 1
+            start = _traceml_clock()
+            try:
+                return _traceml_call(self, *args, **kwargs)
+            finally:
+                _traceml_depth = 0
+                _traceml_log((_traceml_door, start, _traceml_clock()))
+
+        return forward
+
+    undo = class_doors.weak_door_on_class(module, "forward", make)
+    if undo is not None:
+        return undo
+    return _wrap_forward_once_on_instance(module, clock, log, door, inside)
+
+
+def _wrap_forward_once_on_instance(
+    module: Any, clock: Callable[[], int], log: Callable[[Any], Any], door: str, inside: Any
+) -> Callable[[], None]:
+    """:func:`wrap_forward_once` where the door cannot be on the class."""
     module_ref = weakref.ref(module)
     previous, function = _untimed_call(module)
     depth = 0  # 1 inside the outermost call; 2 or 1 for good after the undo (see disarm)
@@ -186,6 +241,19 @@ def call_before_method(module: Any, name: str, before: Callable[[], Any]) -> Cal
     costs no frame and no ``*args`` call); the undo. An instance-level attribute that no copy
     of the module carries, as the forward's. Only where :func:`can_wrap_forward` says so for
     ``name``."""
+    _traceml_before = before
+
+    def make(_traceml_call: Any, _traceml_target: Any) -> Any:
+        def door(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self is _traceml_target.obj():
+                _traceml_before()
+            return _traceml_call(self, *args, **kwargs)
+
+        return door
+
+    undo = class_doors.weak_door_on_class(module, name, make)
+    if undo is not None:
+        return undo
     module_ref = weakref.ref(module)
     previous, function = _untimed_call(module, name)
     if previous is not None:

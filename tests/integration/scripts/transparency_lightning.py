@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import io
 import json
 import multiprocessing
@@ -139,6 +140,53 @@ class Net(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class Body(torch.nn.Module):
+    """The model inside a LightningModule (``self.model``: the module whose forward traceml
+    times), one that TorchScript can compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+class WithModel(Net):
+    """The ``dicts`` cases' module: at its second batch, what code sees of ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Body()
+
+    def forward(self, x):
+        return self.model(x)
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1:
+            forward_outcomes(self)
+        return super().training_step(batch, batch_idx)
+
+
+def forward_outcomes(module: pl.LightningModule) -> None:
+    for label, owner in (("model", module.model), ("module", module)):
+        bound = owner.forward
+        outcome[f"forward.{label}.method"] = [
+            type(bound).__name__,
+            inspect.ismethod(bound),
+            bound.__self__ is owner,
+            bound.__func__ is type(owner).forward,
+            bound.__name__,
+            bound == owner.forward,
+        ]
+        attempt(f"forward.{label}.pickle", lambda f=bound: pickle.loads(pickle.dumps(f)))
+        outcome[f"forward.{label}.source"] = inspect.getsource(bound).splitlines()[0].strip()
+        outcome[f"forward.{label}.signature"] = str(inspect.signature(bound))
+    ones = torch.ones(2, 4)
+    attempt("forward.jit_script", lambda: torch.jit.script(module.model)(ones).detach())
+    attempt("forward.to_torchscript", lambda: module.to_torchscript()(ones).detach())
 
 
 class Gan(pl.LightningModule):
@@ -266,7 +314,7 @@ def dicts_case(workers: int = 0) -> None:
     changes different objects in the two."""
     fit = trainer()
     loader = DataLoader(Points(), batch_size=4, collate_fn=collate, num_workers=workers)
-    fit.fit(Net(), loader)
+    fit.fit(WithModel(), loader)
     outcome["dicts.made"] = dicts_made()
 
 
