@@ -79,9 +79,9 @@ TABLE: dict[str, tuple[str | tuple[str, ...], list[str]]] = {
     "the same for a hand-written loop (one forked DataLoader worker), an Accelerate loop and a "
     "Hugging Face Trainer (objects of torch's, transformers', accelerate's and the script's "
     "classes)": (("loop", "accelerate", "hf"), ["dicts.made"]),
-    "model.forward during fit is a bound method of the model (type, __self__, __func__, pickling "
-    "it, its source and signature); torch.jit.script of the model and "
-    "LightningModule.to_torchscript during fit": ("dicts", ["forward.*"]),
+    "model.forward and the module's on_train_batch_end during fit are bound methods (type, "
+    "__self__, __func__, type hints, pickling, source, signature); torch.jit.script of the model "
+    "and LightningModule.to_torchscript during fit": ("dicts", ["methods.*"]),
     "trainer.validate / test / predict after fit": (
         "main",
         ["after.validate", "after.test", "after.predict"],
@@ -276,6 +276,14 @@ def test_nothing_saved_mentions_traceml(runs):
     )
     assert saved and not any(saved.values())
     assert outcome["checkpoint.mentions_traceml"] is False
+
+
+def test_torchscript_during_fit_compiles_untraced(runs):
+    """The row above compares outcomes: it must compare working ones."""
+    outcome = runs.get("dicts", "plain")
+    assert outcome["methods.jit_script"].startswith("tensor")
+    assert outcome["methods.to_torchscript"].startswith("tensor")
+    assert outcome["methods.model.forward.pickle"] == "builtins.method"
 
 
 def test_the_user_comm_hook_is_the_one_that_runs(runs):

@@ -11,6 +11,7 @@ import inspect
 import io
 import pickle
 import threading
+import typing
 import weakref
 
 import pytest
@@ -414,12 +415,46 @@ def test_on_the_class_forward_stays_a_bound_method_that_pickles_and_scripts(wrap
     assert type(pickle.loads(pickle.dumps(bound))).__name__ == "method"
     scripted = torch.jit.script(model)  # the user's source; `clock` is the user's global
     assert torch.equal(scripted(torch.ones(1, 3)), expected)
-    other(torch.ones(1, 3))  # another instance of the class: straight through
     timed = list(calls)
+    other(torch.ones(1, 3))  # another instance of the class: straight through
+    assert calls == timed
     model(torch.ones(1, 3))
     assert len(calls) > len(timed)
+    assert typing.get_type_hints(bound) == typing.get_type_hints(other.forward)
     undo()
     after = list(calls)
     bound(torch.ones(1, 3))  # the bound door kept by the user: untimed after the undo
     assert calls == after
     assert not hasattr(Scriptable.forward, "__wrapped__")  # the class's own function again
+
+
+class Inherits(Scriptable):  # forward is its base's: the door goes on the instance
+    pass
+
+
+def test_a_forward_inherited_or_of_a_torch_class_is_wrapped_on_the_instance():
+    for model in (Inherits(), make()):  # make(): torch's nn.Sequential, everywhere in a process
+        calls: list = []
+        on_class = type(model).__dict__.get("forward")  # Sequential's own; none on Inherits
+        undo = two_doors(model, calls)
+        assert "forward" in vars(model) and type(model).__dict__.get("forward") is on_class
+        model(torch.ones(1, 3))
+        assert calls == ["before", "after"]
+        undo()
+        assert "forward" not in vars(model) and type(model).__dict__.get("forward") is on_class
+
+
+def test_two_doors_on_one_class_undone_out_of_order_leave_the_class_as_it_was():
+    original = Scriptable.__dict__["forward"]
+    first, second = Scriptable(), Scriptable()
+    calls: list = []
+    undo_first = one_door(first, calls)
+    undo_second = two_doors(second, calls)
+    first(torch.ones(1, 3))
+    second(torch.ones(1, 3))
+    assert calls == [100, "before", "after"]
+    undo_first()  # not the newest: it stays under the second door, timing nothing
+    first(torch.ones(1, 3))
+    assert calls == [100, "before", "after"]
+    undo_second()
+    assert Scriptable.__dict__["forward"] is original

@@ -26,9 +26,9 @@ Door = Callable[..., Any]  # door(self, *args, **kwargs)
 
 
 class Target:
-    """The one object a door times (``target.obj``). The undo sets it to None: a door that
-    must stay on its class (another patch stacked on it, taken away out of order) then times
-    nothing and keeps nothing alive."""
+    """The one object a door times (``target.obj``). The undo sets it to None (a weak door's:
+    to a function that returns None): a door that must stay on its class (another patch
+    stacked on it, taken away out of order) then times nothing and keeps nothing alive."""
 
     __slots__ = ("obj",)
 
@@ -123,27 +123,47 @@ def _nobody() -> None:
     return None
 
 
+# Classes whose instances are everywhere in a process (torch's containers, Hugging Face's and
+# Lightning's own): a door on one of them would put traceml's frame in every instance's call.
+_SHARED_PACKAGES = frozenset(
+    {"torch", "torchvision", "torchaudio", "transformers", "timm", "accelerate", "lightning"}
+)
+
+
 def weak_door_on_class(module: Any, name: str, make: Any) -> Callable[[], None] | None:
     """``make(call, target)``'s door set on ``module``'s class, timing ``module`` only (``self
     is target.obj()``, a weak reference: the class keeps no module alive); the undo, or None
-    where the door cannot be on the class (the module has its own ``name``, the class's is not
-    a plain function, the class takes no attributes): then the caller sets it on the instance.
+    where the door is not to be on the class: then the caller sets it on the instance. That is
+    where the class does not define ``name`` itself as a plain function (a door on a subclass
+    would carry its base's ``__qualname__``), the module has its own ``name``, the class comes
+    from a package whose classes are everywhere (``_SHARED_PACKAGES``), or it takes no
+    attributes.
 
     On the class, ``module.<name>`` stays what it is untraced: a bound method of the module
     (``__self__``, ``inspect.ismethod``, pickling it, ``inspect.getsource`` through
-    ``__wrapped__``), nothing is added to the module's ``__dict__``, and ``torch.jit.script``
-    compiles the user's source, its names resolved in the user's module (:func:`_rehomed`)."""
+    ``__wrapped__``, its annotations), nothing is added to the module's ``__dict__``, and
+    ``torch.jit.script`` compiles the user's source, its names resolved in the globals of the
+    user's module (:func:`_rehomed`)."""
     cls = type(module)
-    original = getattr(cls, name, None)
+    original = cls.__dict__.get(name)
     if not isinstance(original, FunctionType) or name in module.__dict__:
         return None
-    target = Target(weakref.ref(module))
+    if str(getattr(cls, "__module__", "")).split(".")[0] in _SHARED_PACKAGES:
+        return None
+    bound = getattr(module, name, None)
+    if not isinstance(bound, MethodType) or bound.__func__ is not original:
+        return None
+    try:
+        target = Target(weakref.ref(module))
+    except TypeError:  # no weak references to it
+        return None
     door = _rehomed(make(original, target), original)
     look_like(door, original)
     for key, value in vars(original).items():  # torch.jit's markers (@torch.jit.ignore, ...)
         door.__dict__.setdefault(key, value)
-    missing = object()
-    previous = cls.__dict__.get(name, missing)
+    door.__annotations__ = dict(original.__annotations__)  # typing.get_type_hints reads them
+    door.traceml_target = target
+    door.traceml_previous = original
     try:
         setattr(cls, name, door)
     except (TypeError, AttributeError):
@@ -152,10 +172,12 @@ def weak_door_on_class(module: Any, name: str, make: Any) -> Callable[[], None] 
     def undo() -> None:
         target.obj = _nobody  # a bound door the user kept runs untimed from now on
         if cls.__dict__.get(name) is door:  # else someone replaced it since: theirs
-            if previous is missing:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, previous)
+            restored = original
+            while getattr(restored, "traceml_target", None) is not None:  # traceml's doors
+                if restored.traceml_target.obj is not _nobody:  # still on: it stays
+                    break
+                restored = restored.traceml_previous  # undone out of order: skipped
+            setattr(cls, name, restored)
 
     return undo
 

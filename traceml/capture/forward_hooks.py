@@ -18,16 +18,17 @@ machine); without them ``module(x)`` takes the fast path straight to ``self.forw
 can, the wrapper is a door on the module's class that times that one module (held by a weak
 reference) and lets every other instance through: ``module.forward`` stays a bound method of
 the module, pickles, scripts and reads as untraced (``class_doors.weak_door_on_class``).
-Otherwise (the user set their own instance ``forward``) it is an instance-level ``forward``
-that the same ``__getstate__`` leaves out of every copy. Either holds the module weakly (no cycle of
-traceml's through the module's own ``__dict__``) and calls the class's ``forward`` function as
-it was at install (or the user's own instance ``forward``) exactly once per call. Only for a
-module whose forward is a plain method and whose class copies itself through ``__getstate__``
-(:func:`can_wrap_forward`): anything else keeps the hooks. :func:`call_before_method` puts a door
-before one of the module's methods the same way (the LightningModule's ``on_train_batch_end``,
-where Lightning's step ends). Known and left: code that copies a
-module's ``__dict__`` itself (``nn.DataParallel``'s replicas) would carry the wrapper, which runs
-the original module; Lightning 2.x has no DataParallel strategy.
+Otherwise (an inherited ``forward``, a torch or Hugging Face class, the user's own instance
+``forward``) it is an instance-level ``forward`` that the same ``__getstate__`` leaves out of
+every copy. Either holds the module weakly (no cycle of traceml's through the module's own
+``__dict__``) and calls the class's ``forward`` function as it was at install (or the user's
+own instance ``forward``) exactly once per call. Only for a module whose forward is a plain
+method and whose class copies itself through ``__getstate__`` (:func:`can_wrap_forward`):
+anything else keeps the hooks. :func:`call_before_method` puts a door before one of the
+module's methods the same way (the LightningModule's ``on_train_batch_end``, where Lightning's
+step ends). Known and left, for the instance-level wrapper: code that copies a module's
+``__dict__`` itself (``nn.DataParallel``'s replicas) would carry it, and it runs the original
+module; Lightning 2.x has no DataParallel strategy.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def add_forward_hooks(
 
 
 def can_wrap_forward(module: Any, name: str = "forward") -> bool:
-    """Whether ``module``'s ``name`` method (its forward, or a Lightning hook) can be wrapped by
-    an instance-level attribute: a plain Python method of its class (or a callable the user set
-    on the instance), and a class that copies itself through ``__getstate__`` (no
+    """Whether ``module``'s ``name`` method (its forward, or a Lightning hook) can be wrapped
+    (on the class or the instance): a plain Python method of its class (or a callable the user
+    set on the instance), and a class that copies itself through ``__getstate__`` (no
     ``__deepcopy__`` / ``__reduce__`` of its own, which could carry the wrapper into a copy).
     Otherwise (a scripted module, say) the caller uses hooks."""
     try:
@@ -238,9 +239,9 @@ def call_before_method(module: Any, name: str, before: Callable[[], Any]) -> Cal
     """``before()`` at each call of ``module``'s ``name`` method, just before the method runs
     (``before`` must never raise: a guarded entry point, or a function that catches its own
     failures; arguments it needs are bound beforehand, by a ``functools.partial``, whose call
-    costs no frame and no ``*args`` call); the undo. An instance-level attribute that no copy
-    of the module carries, as the forward's. Only where :func:`can_wrap_forward` says so for
-    ``name``."""
+    costs no frame and no ``*args`` call); the undo. A door on the class, or an instance-level
+    attribute that no copy of the module carries, as the forward's. Only where
+    :func:`can_wrap_forward` says so for ``name``."""
     _traceml_before = before
 
     def make(_traceml_call: Any, _traceml_target: Any) -> Any:

@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import typing
 
 import lightning.pytorch as pl
 import torch
@@ -155,38 +156,47 @@ class Body(torch.nn.Module):
 
 
 class WithModel(Net):
-    """The ``dicts`` cases' module: at its second batch, what code sees of ``forward``."""
+    """The ``dicts`` cases' module: at its second batch, what code sees of the two methods
+    traceml times while traced (the model's ``forward``, the module's ``on_train_batch_end``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.model = Body()
+        self.batch_ends = 0
 
     def forward(self, x):
         return self.model(x)
 
     def training_step(self, batch, batch_idx):
         if batch_idx == 1:
-            forward_outcomes(self)
+            method_outcomes(self)
         return super().training_step(batch, batch_idx)
 
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.batch_ends += 1
 
-def forward_outcomes(module: pl.LightningModule) -> None:
-    for label, owner in (("model", module.model), ("module", module)):
-        bound = owner.forward
-        outcome[f"forward.{label}.method"] = [
+
+def method_outcomes(module: pl.LightningModule) -> None:
+    for label, owner, name in (
+        ("model.forward", module.model, "forward"),
+        ("module.on_train_batch_end", module, "on_train_batch_end"),
+    ):
+        bound = getattr(owner, name)
+        outcome[f"methods.{label}.method"] = [
             type(bound).__name__,
             inspect.ismethod(bound),
             bound.__self__ is owner,
-            bound.__func__ is type(owner).forward,
+            bound.__func__ is getattr(type(owner), name),
             bound.__name__,
-            bound == owner.forward,
+            bound == getattr(owner, name),
+            sorted(typing.get_type_hints(bound)),
         ]
-        attempt(f"forward.{label}.pickle", lambda f=bound: pickle.loads(pickle.dumps(f)))
-        outcome[f"forward.{label}.source"] = inspect.getsource(bound).splitlines()[0].strip()
-        outcome[f"forward.{label}.signature"] = str(inspect.signature(bound))
+        attempt(f"methods.{label}.pickle", lambda f=bound: pickle.loads(pickle.dumps(f)))
+        outcome[f"methods.{label}.source"] = inspect.getsource(bound).splitlines()[0].strip()
+        outcome[f"methods.{label}.signature"] = str(inspect.signature(bound))
     ones = torch.ones(2, 4)
-    attempt("forward.jit_script", lambda: torch.jit.script(module.model)(ones).detach())
-    attempt("forward.to_torchscript", lambda: module.to_torchscript()(ones).detach())
+    attempt("methods.jit_script", lambda: torch.jit.script(module.model)(ones).detach())
+    attempt("methods.to_torchscript", lambda: module.to_torchscript()(ones).detach())
 
 
 class Gan(pl.LightningModule):
