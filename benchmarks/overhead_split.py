@@ -16,8 +16,15 @@ Per pair, by the 25th-percentile batch of two windows, the middle of each half:
   doors are off, against plain, across processes.
 * total: the first windows, traced minus plain (what ``overhead.py --side-by-side`` reads).
 
+With ``--churn``, the second run is not traced: it is a plain run that, in its first half
+only, makes Python objects each batch (300 small tuples, floats and dicts; 5 kept), as a
+traced step's events and records do, then nothing. Its "process" figure is what a phase of
+allocation alone leaves on the untraced loop after it (stop 53: +9.3 us a batch late in the
+run, against +12.5 for the traced process with its doors off).
+
     python benchmarks/overhead_split.py                # 12 pairs of 3,000 batches, ~2 minutes
     python benchmarks/overhead_split.py --pairs 20 --batches 4000
+    python benchmarks/overhead_split.py --churn
 """
 
 from __future__ import annotations
@@ -57,11 +64,44 @@ def split_pair(plain: list[int], traced: list[int]) -> dict[str, float]:
     }
 
 
+CHURN = """\
+import os
+import torch.autograd
+
+_backward, _left, _kept = torch.autograd.backward, [int(os.environ["SPLIT_CHURN_STEPS"])], []
+
+
+def backward(*args, **kwargs):
+    if _left[0] > 0:  # the first half: a traced step's worth of Python objects, a few kept
+        _left[0] -= 1
+        made = [(i, i + 0.5, {"k": i}) for i in range(300)]
+        _kept.append(made[::60])
+    return _backward(*args, **kwargs)
+
+
+torch.autograd.backward = backward
+"""
+
+
+def churn_env(work: Path, common: dict, steps: int, **extra: object) -> dict[str, str]:
+    """A plain run whose first ``steps`` backward calls also make objects (``CHURN``, loaded
+    by a ``sitecustomize`` on PYTHONPATH)."""
+    site = work / "churn-site"
+    if not site.exists():
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(CHURN)
+    return clean_env(**common, **extra, SPLIT_CHURN_STEPS=steps, PYTHONPATH=site)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=12)
     parser.add_argument("--batches", type=int, default=3000)
+    parser.add_argument(
+        "--churn", action="store_true", help="second run: plain, making objects in its first half"
+    )
     args = parser.parse_args()
+    second = "churning plain" if args.churn else "traced"
     why = side_by_side.usable()
     if why:
         parser.error(f"runs cannot go side by side here: {why}")
@@ -70,7 +110,7 @@ def main() -> None:
         figures: dict[str, list[float]] = {"doors": [], "process": [], "total": []}
         print(
             f"lightning-stress split: {args.pairs} pairs side by side, {args.batches} batches, "
-            f"tracing stops after {args.batches // 2}",
+            f"the {second} run's first {args.batches // 2} differ",
             flush=True,
         )
         for index in range(args.pairs):
@@ -83,7 +123,16 @@ def main() -> None:
                     RFD_WORKDIR=work / f"w{index}p",
                     LOOP_TIMER_DURATIONS=files[0],
                 ),
-                traced_env(
+                churn_env(
+                    work,
+                    common,
+                    args.batches // 2,
+                    LOOP_TIMER=1,
+                    RFD_WORKDIR=work / f"w{index}c",
+                    LOOP_TIMER_DURATIONS=files[1],
+                )
+                if args.churn
+                else traced_env(
                     work,
                     f"split{index}",
                     common,
@@ -103,9 +152,9 @@ def main() -> None:
                 flush=True,
             )
     for name, what in (
-        ("doors", "the doors, in one process (first half minus second, less plain's drift)"),
-        ("process", "the traced process with its doors off, against plain"),
-        ("total", "traced minus plain, doors on"),
+        ("doors", f"the {second} run's first half against its second, less plain's drift"),
+        ("process", f"the {second} run's second half (doors off, no churn), against plain"),
+        ("total", f"the {second} run's first half against plain's"),
     ):
         values = figures[name]
         print(
