@@ -126,7 +126,16 @@ def _nobody() -> None:
 # Classes whose instances are everywhere in a process (torch's containers, Hugging Face's and
 # Lightning's own): a door on one of them would put traceml's frame in every instance's call.
 _SHARED_PACKAGES = frozenset(
-    {"torch", "torchvision", "torchaudio", "transformers", "timm", "accelerate", "lightning"}
+    {
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "transformers",
+        "timm",
+        "accelerate",
+        "lightning",
+        "pytorch_lightning",
+    }
 )
 
 
