@@ -25,6 +25,12 @@ run, against +12.5 for the traced process with its doors off).
     python benchmarks/overhead_split.py                # 12 pairs of 3,000 batches, ~2 minutes
     python benchmarks/overhead_split.py --pairs 20 --batches 4000
     python benchmarks/overhead_split.py --churn
+    python benchmarks/overhead_split.py --off forward,transfer,guard,input,telemetry
+
+``--off DOORS`` switches those doors' work off in the traced run (``BUDGET_OFF``, as
+``overhead.py --budget``): its "process" figure then says whether that work's after-effect is
+what the door-free half pays (stop 53: with the training thread's doors off, +2.3 late in the
+run; with the flusher's record and write off, +19.9).
 """
 
 from __future__ import annotations
@@ -36,7 +42,12 @@ from pathlib import Path
 
 import side_by_side
 from _common import TINY, clean_env
-from overhead import STRESS, traced_env  # the traced run's environment, as overhead.py's
+from overhead import (  # the traced run's environment, as overhead.py's
+    STRESS,
+    traced_env,
+    with_site,
+    write_sitecustomize,
+)
 
 # The windows, as fractions of the batches: each half's middle, clear of the first batches
 # (warm-up) and of the batches around the limit (the doors coming off, the last flush).
@@ -93,6 +104,32 @@ def churn_env(work: Path, common: dict, steps: int, **extra: object) -> dict[str
     return clean_env(**common, **extra, SPLIT_CHURN_STEPS=steps, PYTHONPATH=site)
 
 
+def second_env(
+    args: argparse.Namespace, work: Path, index: int, common: dict, durations: Path
+) -> dict[str, str]:
+    """The second run's environment: traced (its doors' work switched off with ``--off``), or
+    with ``--churn`` plain and making objects."""
+    half = args.batches // 2
+    if args.churn:
+        return churn_env(
+            work,
+            common,
+            half,
+            LOOP_TIMER=1,
+            RFD_WORKDIR=work / f"w{index}c",
+            LOOP_TIMER_DURATIONS=durations,
+        )
+    env = traced_env(
+        work, f"split{index}", common, LOOP_TIMER_DURATIONS=durations, TRACEML_TRACE_MAX_STEPS=half
+    )
+    if args.off:
+        site = work / "site"
+        if not site.exists():
+            write_sitecustomize(site)
+        env.update(BUDGET_OFF=args.off, PYTHONPATH=with_site(site))
+    return env
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=12)
@@ -100,8 +137,13 @@ def main() -> None:
     parser.add_argument(
         "--churn", action="store_true", help="second run: plain, making objects in its first half"
     )
+    parser.add_argument(
+        "--off", default="", help="doors whose work the traced run switches off (BUDGET_OFF)"
+    )
     args = parser.parse_args()
-    second = "churning plain" if args.churn else "traced"
+    second = "traced" + (f" (off: {args.off})" if args.off else "")
+    if args.churn:
+        second = "churning plain"
     why = side_by_side.usable()
     if why:
         parser.error(f"runs cannot go side by side here: {why}")
@@ -123,22 +165,7 @@ def main() -> None:
                     RFD_WORKDIR=work / f"w{index}p",
                     LOOP_TIMER_DURATIONS=files[0],
                 ),
-                churn_env(
-                    work,
-                    common,
-                    args.batches // 2,
-                    LOOP_TIMER=1,
-                    RFD_WORKDIR=work / f"w{index}c",
-                    LOOP_TIMER_DURATIONS=files[1],
-                )
-                if args.churn
-                else traced_env(
-                    work,
-                    f"split{index}",
-                    common,
-                    LOOP_TIMER_DURATIONS=files[1],
-                    TRACEML_TRACE_MAX_STEPS=args.batches // 2,
-                ),
+                second_env(args, work, index, common, files[1]),
             ]
             side_by_side.run_together(
                 TINY, envs, work, flip=bool(index % 2), later_first=bool(index // 2 % 2)
