@@ -26,7 +26,8 @@ from procs import PYTHON, SCRIPTS, clean_env, run, torchrun_2, traced_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHTNING = SCRIPTS / "transparency_lightning.py"
-# The other loops' groups: their script and its settings (a few steps, gradient accumulation).
+# The other loops' groups: their script and its settings (a few steps, gradient accumulation);
+# every other group but ddp and rfdetr runs LIGHTNING.
 LOOPS: dict[str, tuple[Path, dict[str, object]]] = {
     "loop": (SCRIPTS / "plain_loop.py", {"LOOP_STEPS": 4, "LOOP_ACCUM": 2, "LOOP_WORKERS": 1}),
     "accelerate": (
@@ -176,7 +177,8 @@ class Runs:
         work = self.root / f"{group}-{mode}"
         tmp = work / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        extra = {"TR_CASE": group, "TR_OUT": work, "TMPDIR": tmp, **LOOPS.get(group, (0, {}))[1]}
+        script, settings = LOOPS.get(group, (LIGHTNING, {}))
+        extra = {"TR_CASE": group, "TR_OUT": work, "TMPDIR": tmp, **settings}
         if group == "resume":
             other = "traced" if mode == "plain" else "plain"
             extra["TR_RESUME_FROM"] = self.root / f"main-{other}" / "model.ckpt"
@@ -190,10 +192,8 @@ class Runs:
             args = torchrun_2(DDP)
         elif group == "rfdetr":
             args = [PYTHON, RFDETR]
-        elif group in LOOPS:
-            args = [PYTHON, LOOPS[group][0]]
         else:
-            args = [PYTHON, LIGHTNING]
+            args = [PYTHON, script]
         before = shm_files()
         result = run(args, env, work, timeout=300)
         assert result.returncode == 0, (group, mode, result.stderr[-4000:])

@@ -15,6 +15,7 @@ import os
 import time
 
 import torch
+from dicts_probe import print_outcome_if_asked
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -114,15 +115,6 @@ def round_trip(model: nn.Module) -> None:
     print(f"LOOP_ROUND_TRIP {json.dumps(outcome, sort_keys=True)}", flush=True)
 
 
-def probe_outcome() -> None:
-    """TR_CASE set (the transparency suite): what tracing could change unseen, while the
-    loop's objects are alive."""
-    if os.environ.get("TR_CASE"):
-        from dicts_probe import print_outcome
-
-        print_outcome()
-
-
 def validate(model: nn.Module, loader: DataLoader) -> None:
     model.eval()
     with torch.no_grad():
@@ -181,7 +173,7 @@ def main() -> int:
                 validate(model, val_loader)
     print(f"LOOP_RESULT steps={stepped}", flush=True)
     print_weights(model, stepped)
-    probe_outcome()
+    print_outcome_if_asked()  # the transparency suite's line, objects alive
     if world > 1:
         torch.distributed.destroy_process_group()
     return 0
@@ -204,7 +196,7 @@ def accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, valida
             if validate_every and stepped % validate_every == 0:
                 validate(model, val_loader)
     print(f"LOOP_RESULT steps={stepped}", flush=True)
-    probe_outcome()
+    print_outcome_if_asked()  # the transparency suite's line, objects alive
     return 0
 
 
