@@ -73,8 +73,9 @@ TABLE: dict[str, tuple[str | tuple[str, ...], list[str]]] = {
         ["fit.global_step", "fit.weights", "fit.callback_batches"],
     ),
     "no object of Lightning's, torch's or the script's gets its own __dict__ made (its attribute "
-    "loads stay the fast kind), with and without DataLoader workers": (
-        ("dicts", "dicts_workers"),
+    "loads stay the fast kind), with and without DataLoader workers, and on both ranks of a DDP "
+    "fit (2 gloo ranks)": (
+        ("dicts", "dicts_workers", "ddp"),
         ["dicts.made"],
     ),
     "the same for a hand-written loop (one forked DataLoader worker), an Accelerate loop and a "

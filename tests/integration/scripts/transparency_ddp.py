@@ -18,6 +18,7 @@ import threading
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from dicts_probe import dicts_made
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.utils.data import DataLoader, Dataset
 
@@ -116,6 +117,8 @@ def fit(hook_at: str) -> None:
     trainer.fit(model, DataLoader(Points(), batch_size=4))
     outcome[f"{hook_at}.global_step"] = trainer.global_step
     outcome[f"{hook_at}.weights"] = weights(model)
+    if hook_at == "on_fit_start":  # the last fit's trainer, strategy and model still alive
+        outcome["dicts.made"] = dicts_made()
 
 
 if __name__ == "__main__":
