@@ -81,6 +81,13 @@ TABLE: dict[str, tuple[str | tuple[str, ...], list[str]]] = {
     "the same for a hand-written loop (one forked DataLoader worker), an Accelerate loop and a "
     "Hugging Face Trainer (objects of torch's, transformers', accelerate's and the script's "
     "classes)": (("loop", "accelerate", "hf"), ["dicts.made"]),
+    "after a hand-written or Accelerate loop: torch.jit.script of the trained model (its "
+    "class's own forward); the model freed once the script drops it": (
+        ("loop", "accelerate"),
+        ["after_loop.*"],
+    ),
+    "after a Hugging Face Trainer's train(): the trainer's callbacks (their types; pickling "
+    "them)": ("hf", ["after_train.*"]),
     "model.forward and the module's on_train_batch_end during fit are bound methods (type, "
     "__self__, __func__, type hints, pickling, source, signature); torch.jit.script of the model "
     "and LightningModule.to_torchscript during fit": ("dicts", ["methods.*"]),
@@ -285,6 +292,14 @@ def test_torchscript_during_fit_compiles_untraced(runs):
     assert outcome["methods.jit_script"].startswith("tensor")
     assert outcome["methods.to_torchscript"].startswith("tensor")
     assert outcome["methods.model.forward.pickle"] == "builtins.method"
+
+
+def test_the_loops_model_scripts_and_is_freed_untraced(runs):
+    """The after_loop row compares outcomes: it must compare working ones."""
+    for group in ("loop", "accelerate"):
+        assert runs.get(group, "plain")["after_loop.jit_script"] == "RecursiveScriptModule"
+    assert runs.get("loop", "plain")["after_loop.model_freed"] is True
+    assert runs.get("hf", "plain")["after_train.pickle_callbacks"] == "True"
 
 
 def test_the_user_comm_hook_is_the_one_that_runs(runs):

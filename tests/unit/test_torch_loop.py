@@ -130,3 +130,63 @@ def test_the_trainer_callbacks_time_is_counted_as_the_captures(capture):
     assert ("optimizer_started",) in capture.session.calls
     assert capture.own_cost_ns > before
     assert "own_cost_ns" not in vars(events)
+
+
+class RootCapture:
+    """What LoopHooks calls around a root's forward."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward_started(self, module):
+        self.calls.append(("started", type(module).__name__))
+        return True
+
+    def forward_ended(self):
+        self.calls.append(("ended",))
+
+
+class UserNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("make", [UserNet, lambda: torch.nn.Sequential(torch.nn.Linear(2, 1))])
+def test_a_loops_root_is_timed_and_freed_while_its_undo_waits_for_the_exit(make):
+    """After the first optimizer step the loop times its roots only: a door on the root's own
+    class (model.forward a bound method, no hooks: torch.jit.script works as untraced), else
+    hooks (a torch class). Either way the undo, kept until the interpreter's exit, holds the
+    root weakly: a script that drops its model frees it (its parameters' memory)."""
+    import gc
+    import inspect
+    import weakref
+
+    from traceml.capture.frameworks.torch_loop_hooks import LoopHooks
+
+    capture = RootCapture()
+    hooks = LoopHooks(capture)
+    model = make()
+    hooks.install()  # torch's global module hooks find the root at its first call
+    try:
+        model(torch.ones(1, 2))
+        assert list(hooks.roots) == [model]
+        hooks.roots_found()  # the first optimizer step's
+        capture.calls.clear()
+        model(torch.ones(1, 2))
+        assert capture.calls == [("started", type(model).__name__), ("ended",)]
+        on_class = isinstance(model, UserNet)
+        assert (not model._forward_hooks) is on_class
+        assert inspect.ismethod(model.forward) and "forward" not in vars(model)
+        if on_class:
+            torch.jit.script(model)
+        held = weakref.ref(model)
+        del model
+        gc.collect()
+        assert held() is None
+    finally:
+        hooks.remove()
+    assert "traceml" not in UserNet.forward.__code__.co_filename

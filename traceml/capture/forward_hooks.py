@@ -66,11 +66,16 @@ def add_forward_hooks(
     ours = frozenset(handle.id for handle in handles)
     getstate = _getstate_without(module, ours)
     module.__dict__["__getstate__"] = getstate
+    # Weakly: a hand-written loop's undo waits for the interpreter's exit, and must not keep
+    # the user's model (its parameters' memory) alive until then.
+    module_ref = weakref.ref(module)
 
     def undo() -> None:
         for handle in handles:
             handle.remove()
-        _remove_getstate(module, getstate)
+        held = module_ref()
+        if held is not None:
+            _remove_getstate(held, getstate)
 
     return undo
 
@@ -104,11 +109,16 @@ def _untimed_call(module: Any, name: str = "forward") -> tuple[Any, Any]:
 
 
 def wrap_forward(
-    module: Any, before: Callable[[], Any], after: Callable[[], Any]
-) -> Callable[[], None]:
+    module: Any,
+    before: Callable[[], Any],
+    after: Callable[[], Any],
+    *,
+    on_instance: bool = True,
+) -> Callable[[], None] | None:
     """Time ``module``'s forward with ``before()`` and ``after()`` around each call (``after``
     also when the forward raises; both must never raise: guarded entry points); the undo.
-    Only for a module that :func:`can_wrap_forward`."""
+    Only for a module that :func:`can_wrap_forward`. ``on_instance=False``: a door on the
+    class or nothing (None: the caller keeps its hooks)."""
     _traceml_before, _traceml_after = before, after  # (closure names: see _rehomed)
 
     def make(_traceml_call: Any, _traceml_target: Any) -> Any:
@@ -124,7 +134,7 @@ def wrap_forward(
         return forward
 
     undo = class_doors.weak_door_on_class(module, "forward", make)
-    if undo is not None:
+    if undo is not None or not on_instance:
         return undo
     module_ref = weakref.ref(module)
     previous, function = _untimed_call(module)

@@ -154,7 +154,27 @@ def main() -> int:
             print_weights(model, trainer.state.global_step)
     print(f"HF_RESULT global_step={trainer.state.global_step}", flush=True)
     print_outcome_if_asked()  # the transparency suite's line, the trainer alive
+    if os.environ.get("TR_CASE"):
+        print_callbacks_after_train(trainer)
     return 0
+
+
+def print_callbacks_after_train(trainer) -> None:
+    """The transparency suite's: the trainer's callbacks once train() returned, and whether
+    they pickle (what a hyperparameter search does with a trainer)."""
+    import json
+    import pickle
+
+    callbacks = trainer.callback_handler.callbacks
+    try:
+        pickled = f"{len(pickle.dumps(callbacks)) > 0}"
+    except Exception as exc:
+        pickled = f"{type(exc).__name__}"
+    outcome = {
+        "after_train.callbacks": [type(callback).__name__ for callback in callbacks],
+        "after_train.pickle_callbacks": pickled,
+    }
+    print("TR_OUTCOME " + json.dumps(outcome), flush=True)
 
 
 if __name__ == "__main__":

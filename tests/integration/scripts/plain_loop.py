@@ -11,8 +11,11 @@ training DataLoader's num_workers). Under torchrun (2 ranks) it trains with DDP 
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import time
+import weakref
 
 import torch
 from dicts_probe import print_outcome_if_asked
@@ -66,8 +69,17 @@ class Net(nn.Module):
 
     def forward(self, x):
         if self.forward_s:
-            time.sleep(self.forward_s)
-        return SlowBackward.apply(self.body(x))
+            self._sleep()
+        return self._slow_backward(self.body(x))
+
+    # Left to Python by torch.jit.script: the transparency suite scripts the trained model.
+    @torch.jit.ignore
+    def _sleep(self):  # (no annotations: TorchScript reads them as strings here)
+        time.sleep(self.forward_s)
+
+    @torch.jit.ignore
+    def _slow_backward(self, y):
+        return SlowBackward.apply(y)
 
 
 class SlowSGD(torch.optim.SGD):
@@ -176,7 +188,27 @@ def main() -> int:
     print_outcome_if_asked()  # the transparency suite's line, objects alive
     if world > 1:
         torch.distributed.destroy_process_group()
+    elif os.environ.get("TR_CASE"):
+        held = after_loop(model)
+        del model
+        print_freed(held)
     return 0
+
+
+def after_loop(model: nn.Module) -> weakref.ref:
+    """The transparency suite's: what a script does with its model once the loop is over
+    (scripts it; drops it, see :func:`print_freed`)."""
+    try:
+        scripted = type(torch.jit.script(model)).__name__
+    except Exception as exc:
+        scripted = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    print("TR_OUTCOME " + json.dumps({"after_loop.jit_script": scripted}), flush=True)
+    return weakref.ref(model)
+
+
+def print_freed(held: weakref.ref) -> None:
+    gc.collect()
+    print("TR_OUTCOME " + json.dumps({"after_loop.model_freed": held() is None}), flush=True)
 
 
 def accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, validate_every) -> int:
@@ -197,6 +229,8 @@ def accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, valida
                 validate(model, val_loader)
     print(f"LOOP_RESULT steps={stepped}", flush=True)
     print_outcome_if_asked()  # the transparency suite's line, objects alive
+    if os.environ.get("TR_CASE"):
+        after_loop(model)
     return 0
 
 

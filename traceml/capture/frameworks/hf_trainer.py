@@ -21,7 +21,6 @@ from typing import Any
 
 from traceml.capture.guard import entry_point
 
-_WRAPPED_MARK = "_traceml_wrapped"
 _callback_class: type | None = None
 
 
@@ -30,10 +29,13 @@ def on_import(module: Any) -> None:
     import wrapt
 
     trainer_class = getattr(module, "Trainer", None)
-    if trainer_class is None or getattr(trainer_class.train, _WRAPPED_MARK, False):
+    if trainer_class is None:
+        return
+    # Ours already? Read off the wrapper (wrapt keeps it as _self_wrapper): an attribute set
+    # on the wrapper would land on transformers' own function.
+    if getattr(trainer_class.__dict__.get("train"), "_self_wrapper", None) is _train_wrapper:
         return
     wrapt.wrap_function_wrapper(trainer_class, "train", _train_wrapper)
-    setattr(trainer_class.train, _WRAPPED_MARK, True)
 
 
 def _train_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -44,6 +46,9 @@ def _train_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         if callback is not None:
             callback.train_failed(exc)
         raise
+    finally:
+        if callback is not None:
+            callback.train_done(instance)
 
 
 @entry_point("hf_trainer.train", "Trainer.train, before the Trainer's own code", owner_arg=-1)
@@ -121,6 +126,14 @@ class StepEvents:
             session.epoch_ended(state.global_step, self.capture.epoch)
             session.train_ended(self.capture.epoch)
             session.close()
+
+    @entry_point("hf_trainer.train_done", "Trainer.train returned or raised")
+    def train_done(self, trainer: Any) -> None:
+        """The callback out of the trainer's list, which is then as untraced (pickling the
+        trainer or its callbacks, a later train() of the same trainer adds it again)."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
 
     @entry_point("hf_trainer.train_failed", "Trainer.train raised (the user's exception)")
     def train_failed(self, exception: BaseException) -> None:

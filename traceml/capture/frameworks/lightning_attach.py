@@ -59,10 +59,11 @@ def on_import(module: Any) -> None:
     import wrapt
 
     trainer_class = module.Trainer
-    if getattr(trainer_class.fit, "_traceml_wrapped", False):
+    # Ours already? Read off the wrapper (wrapt keeps it as _self_wrapper): an attribute set
+    # on the wrapper would land on Lightning's own function.
+    if getattr(trainer_class.__dict__.get("fit"), "_self_wrapper", None) is _fit_wrapper:
         return
     wrapt.wrap_function_wrapper(trainer_class, "fit", _fit_wrapper)
-    trainer_class.fit._traceml_wrapped = True
 
 
 def _fit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

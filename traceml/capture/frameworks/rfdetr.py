@@ -18,7 +18,6 @@ from traceml.capture.guard import entry_point
 from traceml.capture.manual import TraceMLConfigError, init  # noqa: F401  (older import path)
 
 TESTED_VERSIONS = ("1.10.1", "1.11.2")  # both run by tests/integration/test_rfdetr.py
-_WRAPPED_MARK = "_traceml_build_trainer"
 
 
 def on_import(module: Any) -> None:
@@ -26,10 +25,11 @@ def on_import(module: Any) -> None:
     import wrapt
 
     original = getattr(module, "build_trainer", None)
-    if original is None or getattr(original, _WRAPPED_MARK, False):
+    # Ours already? Read off the wrapper (wrapt keeps it as _self_wrapper): an attribute set
+    # on the wrapper would land on RF-DETR's own function.
+    if original is None or getattr(original, "_self_wrapper", None) is _build_trainer_wrapper:
         return
     wrapped = wrapt.FunctionWrapper(original, _build_trainer_wrapper)
-    setattr(wrapped, _WRAPPED_MARK, True)
     module.build_trainer = wrapped
     trainer_module = sys.modules.get("rfdetr.training.trainer")
     if trainer_module is not None and trainer_module.__dict__.get("build_trainer") is original:

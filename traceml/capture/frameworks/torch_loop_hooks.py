@@ -1,8 +1,9 @@
 """What the any-loop capture installs in torch, and how it takes it away again.
 
 * module forward hooks: global (``register_module_forward_pre_hook``: every module call) until
-  the first optimizer step, then on the root modules found by then only (hooks that pickling
-  and ``torch.save`` of the model do not carry: traceml.capture.forward_hooks);
+  the first optimizer step, then on the root modules found by then only: a door on the root's
+  own class where it can be, else hooks that pickling and ``torch.save`` of the model do not
+  carry (traceml.capture.forward_hooks);
 * ``torch.optim``'s global optimizer step pre/post hooks;
 * ``torch.autograd.backward`` (``Tensor.backward`` calls it through the module attribute);
 * ``_BaseDataLoaderIter.__next__`` (every torch DataLoader iterator).
@@ -19,7 +20,7 @@ import weakref
 from typing import Any
 
 from traceml.capture.clock import clock_ns
-from traceml.capture.forward_hooks import add_forward_hooks
+from traceml.capture.forward_hooks import add_forward_hooks, can_wrap_forward, wrap_forward
 from traceml.capture.undo import undo_all
 
 
@@ -92,9 +93,29 @@ class LoopHooks:
         global_handles, self._forward_handles = self._forward_handles, []
         for handle in global_handles:
             handle.remove()
-        # Hooks that pickle / deepcopy / torch.save of the user's model do not carry.
         for root in list(self.roots):
-            self._undo.append(add_forward_hooks(root, self._pre, self._post, always_call=True))
+            self._undo.append(self._time_root(root))
+
+    def _time_root(self, root: Any) -> Any:
+        """A door on the root's own class where it can be (``model.forward`` stays a bound
+        method; ``torch.jit.script(model)`` compiles as untraced, during and after the loop;
+        ``model(x)`` keeps torch's fast call path); else hooks that pickle / deepcopy /
+        torch.save of the model do not carry. Either holds the root weakly. The undo."""
+        held = weakref.ref(root)
+        pre, post = self._pre, self._post
+
+        def before() -> None:
+            pre(held(), None)
+
+        def after() -> None:
+            post(None, None, None)
+
+        undo = (
+            wrap_forward(root, before, after, on_instance=False) if can_wrap_forward(root) else None
+        )
+        if undo is None:
+            undo = add_forward_hooks(root, pre, post, always_call=True)
+        return undo
 
     # -- optimizer -------------------------------------------------------------------------
 
