@@ -9,6 +9,7 @@ gradient accumulation groups the microbatches of one step.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 
@@ -193,6 +194,32 @@ def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def test_a_ddp_users_comm_hook_after_tracing_stopped_goes_in_as_untraced(tmp_path):
+    """traceml's timing route holds DDP's one comm-hook slot; once tracing stops (here at the
+    step limit) the user's hook registered later must still take it, as untraced."""
+    settings = {"LOOP_STEPS": 5, "LOOP_REGISTER_HOOK_AT": 3}
+    outputs = []
+    for env in (
+        clean_env(**settings),
+        traced_env(tmp_path / "logs", "ddphook", TRACEML_TRACE_MAX_STEPS=2, **settings),
+    ):
+        result = run(torchrun_2(LOOP), env, tmp_path, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        # (The two ranks share one stdout pipe: their lines may run into each other.)
+        outputs.append(
+            sorted(
+                re.findall(
+                    r"LOOP_REGISTER (?:ok|\w+)|TINY_WEIGHTS global_step=\d+ sha256=\w{64}",
+                    result.stdout,
+                )
+            )
+        )
+    untraced, traced = outputs
+    assert untraced.count("LOOP_REGISTER ok") == 2
+    assert len(untraced) == 4
+    assert traced == untraced
+
+
 def assert_rank_1_is_the_forward_straggler(
     run_dir, cwd, steps: int, integration: str, excess_ms: float = 40.0
 ) -> None:
@@ -245,6 +272,31 @@ for x, y in torch.utils.data.DataLoader(data, batch_size=8):
     optimizer.step()
 print("RESULT", model[0].weight.detach().sum().item())
 """
+
+
+SCRIPTED_LOOP = COMPILED_LOOP.replace(
+    'model.compile(backend="eager", fullgraph=True)  # nn.Module.compile: in place',
+    "model = torch.jit.script(model)",
+)
+
+
+def test_a_loop_over_a_torchscript_model_trains_as_untraced_and_is_named(tmp_path):
+    # TorchScript refuses module hooks on its modules: the first optimizer step turned tracing
+    # off as a traceml failure. Now it is named as what it is, and not traced.
+    script = tmp_path / "scripted_loop.py"
+    script.write_text(SCRIPTED_LOOP)
+    assert "torch.jit.script" in SCRIPTED_LOOP
+    untraced = run([PYTHON, script], clean_env(), tmp_path)
+    assert untraced.returncode == 0, untraced.stderr
+    result = run([PYTHON, script], traced_env(tmp_path / "logs", "scripted"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [x for x in result.stdout.splitlines() if x.startswith("RESULT")] == [
+        x for x in untraced.stdout.splitlines() if x.startswith("RESULT")
+    ]
+    assert warning_lines(result.stderr) == [
+        "traceml: not tracing: the model is a TorchScript module (torch.jit.script / "
+        "torch.jit.load); training runs natively"
+    ]
 
 
 def test_a_loop_over_a_model_compiled_in_place_trains_as_untraced_and_is_named(tmp_path):

@@ -172,6 +172,8 @@ SCENARIOS: dict[str, Scenario] = {
     "hf_trainer.on_step_end": scenario("hf"),
     "hf_trainer.on_train_end": scenario("hf"),
     "hf_trainer.train_failed": scenario("hf_raising", exit_code=1),
+    # After the Trainer's own on_train_end closed the rank file.
+    "hf_trainer.train_done": scenario("hf", "completed"),
 }
 
 # Under torchrun each rank breaks a different entry point (TINY_FAULT_INJECT_BY_RANK): half the

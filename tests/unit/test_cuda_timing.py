@@ -187,3 +187,32 @@ def test_device_times_are_whole_microseconds_and_phases_that_did_not_wait_are_le
     forward_wait = schema.GPU_COMM_OF_PHASE[schema.FORWARD]
     assert forward_wait not in done and done[forward_wait] == 0.0  # absent, read back as 0
     assert len(orjson.dumps(done)) < 120  # short keys, no 17-digit floats
+
+
+def test_events_go_on_the_models_device_stream_not_the_current_devices():
+    """A model on cuda:1 in a process that never set the device: ``event.record()`` alone
+    would record on cuda:0's stream (timing nothing of the model's, and making a CUDA context
+    on GPU 0 that the user never asked for)."""
+    from traceml.capture.cuda_timing import cuda_step_timer
+
+    recorded = []
+
+    class RecordingEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            recorded.append(stream)
+
+    class Cuda:  # torch.cuda's part the timer uses
+        Event = RecordingEvent
+
+        @staticmethod
+        def current_stream(device=None):
+            return ("stream of", device)
+
+    timer = cuda_step_timer("cuda:1", cuda=Cuda)
+    timer.step_started()
+    timer.phase_started(schema.FORWARD)
+    timer.phase_ended(schema.FORWARD)
+    assert recorded == [("stream of", "cuda:1")] * 3

@@ -155,7 +155,24 @@ class UserNet(torch.nn.Module):
         return self.linear(x)
 
 
-@pytest.mark.parametrize("make", [UserNet, lambda: torch.nn.Sequential(torch.nn.Linear(2, 1))])
+class CopyingNet(UserNet):
+    """A user model that copies itself (its own __deepcopy__, as EMA recipes do), which
+    copies the instance's __dict__ as it is: the module's hook dicts with it."""
+
+    def forward(self, x):
+        return self.linear(x) * 2
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return twin
+
+
+@pytest.mark.parametrize(
+    "make", [UserNet, CopyingNet, lambda: torch.nn.Sequential(torch.nn.Linear(2, 1))]
+)
 def test_a_loops_root_is_timed_and_freed_while_its_undo_waits_for_the_exit(make):
     """After the first optimizer step the loop times its roots only: a door on the root's own
     class (model.forward a bound method, no hooks: torch.jit.script works as untraced), else
@@ -178,11 +195,16 @@ def test_a_loops_root_is_timed_and_freed_while_its_undo_waits_for_the_exit(make)
         capture.calls.clear()
         model(torch.ones(1, 2))
         assert capture.calls == [("started", type(model).__name__), ("ended",)]
-        on_class = isinstance(model, UserNet)
+        on_class = isinstance(model, UserNet)  # (CopyingNet too: its own forward)
         assert (not model._forward_hooks) is on_class
         assert inspect.ismethod(model.forward) and "forward" not in vars(model)
         if on_class:
             torch.jit.script(model)
+        import copy
+
+        twin = copy.deepcopy(model)  # no traceml object in the copy: it copies as untraced
+        twin(torch.ones(1, 2))
+        assert len(capture.calls) == 2  # the copy's forward is not the traced root's
         held = weakref.ref(model)
         del model
         gc.collect()

@@ -65,6 +65,8 @@ class _PendingStep:
 @dataclass
 class CudaStepTimer:
     new_event: Callable[[], EventLike]
+    # How an event is recorded; None: ``event.record()`` (the current device's stream).
+    record: Callable[[EventLike], None] | None = None
     reset_peak: Callable[[], None] | None = None
     peak_allocated: Callable[[], int] | None = None
     peak_reserved: Callable[[], int] | None = None
@@ -83,7 +85,10 @@ class CudaStepTimer:
 
     def _event(self) -> EventLike:
         event = self._free.pop() if self._free else self.new_event()
-        event.record()
+        if self.record is None:
+            event.record()
+        else:
+            self.record(event)
         return event
 
     def step_started(self) -> None:
@@ -235,16 +240,26 @@ def union_length(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def cuda_step_timer(device: Any) -> CudaStepTimer:
-    """A timer bound to a real CUDA device (imports torch)."""
-    import torch
+def cuda_step_timer(device: Any, cuda: Any = None) -> CudaStepTimer:
+    """A timer bound to a real CUDA device (``cuda``: ``torch.cuda``, or a test's stand-in).
+    Its events go on ``device``'s current stream, not the current device's: a model on
+    ``cuda:1`` in a process that never called ``torch.cuda.set_device`` is timed on its own
+    GPU, and traceml makes no CUDA context on GPU 0."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
 
     def new_event() -> EventLike:
-        return torch.cuda.Event(enable_timing=True)
+        return cuda.Event(enable_timing=True)
+
+    def record(event: Any) -> None:
+        event.record(cuda.current_stream(device))
 
     return CudaStepTimer(
         new_event=new_event,
+        record=record,
         reset_peak=None,  # never reset the user's counters (see the module docstring)
-        peak_allocated=lambda: torch.cuda.max_memory_allocated(device),
-        peak_reserved=lambda: torch.cuda.max_memory_reserved(device),
+        peak_allocated=lambda: cuda.max_memory_allocated(device),
+        peak_reserved=lambda: cuda.max_memory_reserved(device),
     )

@@ -59,10 +59,14 @@ def add_forward_hooks(
 ) -> Callable[[], None]:
     """Register ``pre``/``post`` as forward hooks on ``module``; return their undo."""
     handles = [module.register_forward_pre_hook(pre)]
-    if always_call:
-        handles.append(module.register_forward_hook(post, always_call=True))
-    else:  # no keyword: torch before 2.1 has no always_call
-        handles.append(module.register_forward_hook(post))
+    try:
+        if always_call:
+            handles.append(module.register_forward_hook(post, always_call=True))
+        else:  # no keyword: torch before 2.1 has no always_call
+            handles.append(module.register_forward_hook(post))
+    except BaseException:
+        handles[0].remove()  # no half-installed pair left behind
+        raise
     ours = frozenset(handle.id for handle in handles)
     getstate = _getstate_without(module, ours)
     module.__dict__["__getstate__"] = getstate

@@ -5,7 +5,8 @@ LOOP_GETITEM_MS / LOOP_FORWARD_MS / LOOP_BACKWARD_MS / LOOP_OPTIMIZER_MS (sleeps
 per forward, per backward, per optimizer step), LOOP_VALIDATE_EVERY (a validation pass every N
 steps), LOOP_ACCELERATE=1 (the same loop through accelerate.Accelerator(cpu=True)),
 LOOP_SLOW_RANK / LOOP_SLOW_FORWARD_MS (one DDP rank slower in forward), LOOP_WORKERS (the
-training DataLoader's num_workers). Under torchrun (2 ranks) it trains with DDP on gloo. Prints
+training DataLoader's num_workers), LOOP_REGISTER_HOOK_AT (DDP: the user's comm hook after
+that step). Under torchrun (2 ranks) it trains with DDP on gloo. Prints
 ``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
 
@@ -127,6 +128,19 @@ def round_trip(model: nn.Module) -> None:
     print(f"LOOP_ROUND_TRIP {json.dumps(outcome, sort_keys=True)}", flush=True)
 
 
+def register_comm_hook(model: nn.Module) -> None:
+    """LOOP_REGISTER_HOOK_AT=<step> (DDP): the user's own comm hook, registered after that
+    optimizer step (DDP takes one; a traced run stopped at its step limit before it)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    try:
+        model.register_comm_hook(None, allreduce_hook)
+        outcome = "ok"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    print(f"LOOP_REGISTER {outcome}", flush=True)
+
+
 def validate(model: nn.Module, loader: DataLoader) -> None:
     model.eval()
     with torch.no_grad():
@@ -183,6 +197,8 @@ def main() -> int:
                 round_trip(model)
             if validate_every and stepped % validate_every == 0:
                 validate(model, val_loader)
+            if stepped == env_int("LOOP_REGISTER_HOOK_AT", -1):
+                register_comm_hook(model)
     print(f"LOOP_RESULT steps={stepped}", flush=True)
     print_weights(model, stepped)
     print_outcome_if_asked()  # the transparency suite's line, objects alive

@@ -40,6 +40,7 @@ from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
+from .torch_loop_facts import loop_facts, module_device, rank_info, scripted
 from .torch_loop_hooks import LoopHooks
 
 # Trained through a Lightning callback (RF-DETR builds a pytorch_lightning Trainer).
@@ -116,6 +117,17 @@ class LoopCapture:
         if bootstrap.active_settings() is None:  # tracing was turned off meanwhile
             self.stand_down()
             return False
+        if scripted(module):
+            # TorchScript runs the model's modules inside its own interpreter: no module hook
+            # or door of traceml's reaches them, and torch refuses hooks on the root.
+            from traceml import console
+
+            console.warn(
+                "not tracing: the model is a TorchScript module (torch.jit.script / "
+                "torch.jit.load); training runs natively"
+            )
+            self.stand_down()
+            return False
         if any(name in sys.modules for name in _LIGHTNING):
             self.stand_down()  # a Lightning fit will claim it (more precise hooks)
             return False
@@ -129,14 +141,14 @@ class LoopCapture:
         session.ends_at_exit = True
         session.before_finish.append(self.finish_notes)
         self.session = session
-        device = _module_device(module)
+        device = module_device(module)
         session.device = device
         if not session.open(rank_info()):
             self.hooks.remove()
             return False
         origin = self._pending[1] if self._pending is not None else None
         session.start(
-            device, _loop_facts(), gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
+            device, loop_facts(), gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
         )
         session.note("info", schema.EVENT_NOTE, NOTE_H2D)
         return True
@@ -342,39 +354,6 @@ class LoopCapture:
                 "an optimizer outside torch.optim, or a step compiled into one graph): steps "
                 "could not be delimited, so none are reported",
             )
-
-
-def _module_device(module: Any) -> Any:
-    try:
-        for parameter in module.parameters():
-            return parameter.device
-    except Exception:
-        pass
-    return None
-
-
-def rank_info() -> dict[str, Any]:
-    """This process's place in the job: torch.distributed when initialised, else torchrun's
-    environment, else a single process."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank, world = dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    return {
-        schema.RANK: rank,
-        schema.LOCAL_RANK: int(os.environ.get("LOCAL_RANK", 0)),
-        schema.WORLD_SIZE: world,
-        schema.NODE_RANK: int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0))),
-        schema.LOCAL_WORLD_SIZE: int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-    }
-
-
-def _loop_facts() -> dict[str, Any]:
-    return {schema.ACCUMULATE_GRAD_BATCHES: None, schema.BATCH_SIZE: None}
 
 
 _capture: LoopCapture | None = None

@@ -20,7 +20,7 @@ import weakref
 from typing import Any
 
 from traceml.capture.clock import clock_ns
-from traceml.capture.forward_hooks import add_forward_hooks, can_wrap_forward, wrap_forward
+from traceml.capture.forward_hooks import add_forward_hooks, wrap_forward
 from traceml.capture.undo import undo_all
 
 
@@ -110,9 +110,9 @@ class LoopHooks:
         def after() -> None:
             post(None, None, None)
 
-        undo = (
-            wrap_forward(root, before, after, on_instance=False) if can_wrap_forward(root) else None
-        )
+        # (A class copying itself by __deepcopy__ / __reduce__ is fine here: the door leaves
+        # the instance as it is, so no copy can carry it.)
+        undo = wrap_forward(root, before, after, on_instance=False)
         if undo is None:
             undo = add_forward_hooks(root, pre, post, always_call=True)
         return undo

@@ -73,7 +73,7 @@ class BucketTiming:
         original = getattr(dist, "_register_comm_hook", None)
         if original is None or getattr(original, "_traceml_routed", False):
             return
-        timer = self
+        timer, timing = self, [True]
 
         @functools.wraps(original)
         def register_comm_hook(reducer: Any, state: Any, hook: Any) -> Any:
@@ -81,6 +81,8 @@ class BucketTiming:
             if route is not None and not route.users:
                 route.hook, route.state, route.users = hook, state, True
                 return None
+            if not timing[0]:  # tracing is over: the user's hook goes in as it is
+                return original(reducer, state, hook)
             timed = timer.wrapped_hook(hook) or hook
             result = original(reducer, state, timed)  # a second hook fails here, as untraced
             if timed is not hook:
@@ -92,8 +94,16 @@ class BucketTiming:
         self._register_original = original
 
         def restore() -> None:
-            if getattr(dist, "_register_comm_hook", None) is register_comm_hook:
-                dist._register_comm_hook = original
+            timing[0] = False
+            if getattr(dist, "_register_comm_hook", None) is not register_comm_hook:
+                return
+            # A routed DDP model that lives on (tracing stopped at the step limit or after a
+            # failure; a loop's model after its Trainer) holds traceml's route in its one hook
+            # slot: the wrapper stays to hand that slot to the user's hook, as untraced DDP
+            # would take it. It times nothing from now on.
+            if any(not route.users for route in list(self._routes.values())):
+                return
+            dist._register_comm_hook = original
 
         self._undo.append(restore)
 

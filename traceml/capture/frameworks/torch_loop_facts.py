@@ -1,0 +1,48 @@
+"""What the any-loop capture reads about the process and the model when its session opens:
+the rank's place in the job, the model's device, and whether the model can be traced at all."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from traceml import schema
+
+
+def scripted(module: Any) -> bool:
+    import torch
+
+    return isinstance(module, torch.jit.ScriptModule)
+
+
+def module_device(module: Any) -> Any:
+    try:
+        for parameter in module.parameters():
+            return parameter.device
+    except Exception:
+        pass
+    return None
+
+
+def rank_info() -> dict[str, Any]:
+    """This process's place in the job: torch.distributed when initialised, else torchrun's
+    environment, else a single process."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return {
+        schema.RANK: rank,
+        schema.LOCAL_RANK: int(os.environ.get("LOCAL_RANK", 0)),
+        schema.WORLD_SIZE: world,
+        schema.NODE_RANK: int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0))),
+        schema.LOCAL_WORLD_SIZE: int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+    }
+
+
+def loop_facts() -> dict[str, Any]:
+    return {schema.ACCUMULATE_GRAD_BATCHES: None, schema.BATCH_SIZE: None}
