@@ -206,6 +206,7 @@ def test_the_device_timer_reads_peak_memory_and_never_resets_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 7_000)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 9_000)
     monkeypatch.setattr(torch.cuda, "Event", InstantEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     timer = cuda_step_timer(torch.device("cuda", 0))
     records: list[dict] = []
     for _ in range(3):
@@ -259,6 +260,7 @@ class InstantEvent:
         return 0.5
 
 torch.cuda.Event = InstantEvent
+torch.cuda.current_stream = lambda device=None: None  # the timer records on the device's stream
 
 def device_timer(self, pl_module):
     return cuda_step_timer(torch.device("cuda", 0))
