@@ -3,6 +3,8 @@ sees (0 ok, 1 regression beyond the limit, 2 bad input, 3 inconclusive under the
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from traceml.analysis.compare import (
 from traceml.analysis.compare_noise import NoiseFloor, measure_noise_floor
 from traceml.analysis.compare_rules import floor_is_a_guess
 from traceml.errors import OutputError
+from traceml.files import write_atomically
 from traceml.present.compare_text import GUESS_ADVICE, noise_floor_lines, render_comparison
 
 EXIT_OK = 0
@@ -51,7 +54,13 @@ def gate_exit_code(result: dict[str, Any], fail_on_regression: float | None) -> 
 
 
 def output_paths(output: str) -> tuple[Path, Path]:
+    """``--output comparisons/a_vs_b`` -> a_vs_b.json and a_vs_b.txt there; a directory (one
+    that exists, or a path ending in a separator) gets comparison.json and .txt inside it."""
+    if not output.strip():
+        raise CompareInputError("--output needs a path (comparisons/a_vs_b)")
     base = Path(output)
+    if output.endswith(("/", os.sep)) or base.is_dir() or base.name in ("", ".", ".."):
+        base = base / "comparison"
     if base.suffix in (".json", ".txt"):
         base = base.with_suffix("")
     return base.with_name(base.name + ".json"), base.with_name(base.name + ".txt")
@@ -73,18 +82,28 @@ def split_sides(runs: list[str], vs: list[str] | None) -> tuple[list[str], list[
 
 def compare_command(args: Any) -> int:
     _check_percentages(args)
+    if args.output is not None:
+        output_paths(args.output)  # a bad --output is said before any work
     floor = None
     if args.noise_floor_from:
-        floor = measure_noise_floor([load_summary(path) for path in args.noise_floor_from])
+        floor = measure_noise_floor(_distinct([load_summary(p) for p in args.noise_floor_from]))
         if not args.runs and not args.vs:  # measuring only
             sys.stdout.write("\n".join(noise_floor_lines(floor)) + "\n")
             return EXIT_OK
     paths_a, paths_b = split_sides(args.runs, args.vs)
-    side_a = [load_summary(path) for path in paths_a]
-    side_b = [load_summary(path) for path in paths_b]
-    result = compare(side_a, side_b, _options(args, floor))
+    side_a = _distinct([load_summary(path) for path in paths_a])
+    side_b = _distinct([load_summary(path) for path in paths_b])
+    try:
+        result = compare(side_a, side_b, _options(args, floor))
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        # load_summary checks the schema and the sections; a field of the wrong type or an
+        # impossible value (a hand-edited or damaged summary) surfaces here.
+        raise CompareInputError(
+            "cannot compare these summaries: a field has an unexpected type or value "
+            f"({type(exc).__name__}: {exc}); were they written by traceml and left as they were?"
+        ) from None
     text = render_comparison(result)
-    if args.output:
+    if args.output is not None:
         _write_outputs(args.output, result, text)
     sys.stdout.write(text)
     code = gate_exit_code(result, args.fail_on_regression)
@@ -92,9 +111,31 @@ def compare_command(args: Any) -> int:
     return code
 
 
+def _distinct(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summaries of one side (or of --noise-floor-from): one run given twice would count
+    as two identical runs (a spread of 0%, a floor that is no measurement)."""
+    seen: dict[bytes, str] = {}
+    for summary in summaries:
+        content = orjson.dumps({k: v for k, v in summary.items() if k != "_path"})
+        path = summary.get("_path", "?")
+        if content in seen:
+            raise CompareInputError(
+                f"{path} is the same run as {seen[content]}: give each run once (several runs "
+                "a side must be separate runs of the same training)"
+            )
+        seen[content] = path
+    return summaries
+
+
 def _check_percentages(args: Any) -> None:
     if args.noise_floor is not None and args.noise_floor_from:
         raise CompareInputError("give --noise-floor or --noise-floor-from, not both")
+    limit = args.fail_on_regression
+    if limit is not None and not (math.isfinite(limit) and limit >= 0):
+        raise CompareInputError(
+            f"--fail-on-regression {limit:g}: expected a percentage >= 0 (5 fails the run on a "
+            "step time more than 5% slower)"
+        )
     for name, value in (("--noise-floor", args.noise_floor),
                         ("--equivalence-margin", args.equivalence_margin)):  # fmt: skip
         if value is not None and not (0 <= value < 100):
@@ -125,10 +166,11 @@ def _write_outputs(output: str, result: dict[str, Any], text: str) -> None:
         for path in (json_path, text_path):
             if path.exists():
                 print(f"traceml: overwriting {path}", file=sys.stderr)
-        json_path.write_bytes(
-            orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+        # Whole files, never through a symlink planted at the path (files.write_atomically).
+        write_atomically(
+            json_path, orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
         )
-        text_path.write_text(text)
+        write_atomically(text_path, text.encode())
     except OSError as exc:
         raise OutputError(f"cannot write {output}: {exc.strerror or exc}") from None
 

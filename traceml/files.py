@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shlex
@@ -17,6 +18,8 @@ def write_atomically(path: Path, data: bytes) -> None:
     rename then replaces ``path`` itself, even when ``path`` is a symlink, never its target.
     """
     path = Path(path)
+    if path.name in ("", ".", "..") or path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file name", str(path))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     for _attempt in range(100):
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")

@@ -392,3 +392,62 @@ def test_comm_wait_is_a_row_only_when_both_runs_have_it(tmp_path):
     assert result["fields"]["comm_ms"]["label"] == "Comm wait"
     assert result["fields"]["comm_ms"]["change_pct"] == pytest.approx(100.0, abs=5)
     assert "comm_ms" not in compare(load_summary(a), load_summary(plain))["fields"]
+
+
+@pytest.mark.parametrize("limit", ["nan", "-5", "inf"])
+def test_a_regression_limit_that_is_no_percentage_is_refused(tmp_path, capsys, limit):
+    # NaN compared false with every change: the gate passed a 46% regression with exit 0.
+    a, _ = make_summary(tmp_path / "a", steps=20, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=20, seed=2, **BASE)
+    assert main(["compare", str(a), str(b), "--fail-on-regression", limit]) == 2
+    err = capsys.readouterr().err
+    assert f"--fail-on-regression {float(limit):g}" in err and err.count("\n") == 1
+
+
+def test_one_run_given_twice_is_refused_not_counted_as_two(tmp_path, capsys):
+    # Three copies of one run read as "3 runs, spread 0%": a noise floor measured from nothing.
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(a.read_bytes())
+    for argv in (
+        ["compare", str(a), str(copy), "--vs", str(b), str(b)],
+        ["compare", "--noise-floor-from", str(a), str(a), str(b)],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is the same run as" in err and err.count("\n") == 1
+
+
+def test_a_summary_with_a_field_of_the_wrong_type_is_one_line_not_a_traceback(tmp_path, capsys):
+    a, summary = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    bad = tmp_path / "bad.json"
+    summary[schema.SUMMARY_OVERALL]["phases"] = "hand-edited"
+    summary[schema.SUMMARY_SETUP] = "hand-edited"
+    bad.write_bytes(orjson.dumps(summary))
+    assert main(["compare", str(a), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot compare these summaries" in err and err.count("\n") == 1
+
+
+def test_output_as_a_directory_or_empty(tmp_path, capsys, monkeypatch):
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["compare", str(a), str(b), "--output", str(out)]) == 0
+    assert (out / "comparison.json").is_file() and (out / "comparison.txt").is_file()
+    monkeypatch.chdir(out)
+    assert main(["compare", str(a), str(b), "--output", "."]) == 0  # was a ValueError traceback
+    assert main(["compare", str(a), str(b), "--output", ""]) == 2
+    assert "--output needs a path" in capsys.readouterr().err
+
+
+def test_a_run_that_did_not_complete_is_named_in_the_comparison(tmp_path, capsys):
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, summary = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    summary[schema.SUMMARY_STATUS] = schema.RUN_FAILED
+    b.write_bytes(orjson.dumps(summary))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out.replace("\n  ", " ")
+    assert "not a completed run" in out and "(failed)" in out

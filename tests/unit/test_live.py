@@ -405,6 +405,17 @@ def test_watch_on_a_finished_run_prints_the_final_state(tmp_path, capsys):
     assert "INPUT" in page and 'http-equiv="refresh"' not in page
 
 
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_watch_html_that_cannot_be_written_is_an_error_not_wrote(tmp_path, capsys, where):
+    # It printed "traceml: wrote ..." and exited 0 with nothing written.
+    synthetic_run(tmp_path / "run", steps=10, ranks=1, input=5, forward=20, backward=20)
+    (tmp_path / "afile").write_text("x")
+    html = tmp_path if where == "a directory" else tmp_path / "afile" / "live.html"
+    assert main(["watch", str(tmp_path / "run"), "--html", str(html)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("traceml: error:") and err.count("\n") == 1
+
+
 def test_watch_user_errors_are_one_line_exit_2(tmp_path, capsys):
     assert main(["watch", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err

@@ -94,6 +94,27 @@ def test_a_bad_line_in_the_middle_is_skipped_and_counted(tmp_path):
     assert any("1 unreadable lines skipped" in n for n in summary["notes"])
 
 
+def test_rank_files_of_different_runs_in_one_directory_are_named(tmp_path):
+    # Copied together, they read as one run of two ranks (a STRAGGLER verdict) without a word.
+    write_rank(tmp_path, 0, [header(0, run="b20"), step(0, forward=5), footer(1)])
+    write_rank(tmp_path, 1, [header(1, run="f1"), step(0, forward=9), footer(1)])
+    notes = reduce_run(tmp_path)["notes"]
+    assert any("different runs" in n and "'b20'" in n and "'f1'" in n for n in notes), notes
+    write_rank(tmp_path, 1, [header(1, world_size=2), step(0, forward=9), footer(1)])
+    write_rank(tmp_path, 0, [header(0, world_size=2), step(0, forward=5), footer(1)])
+    assert not any("different runs" in n for n in reduce_run(tmp_path)["notes"])
+
+
+def test_a_file_of_garbage_lines_is_not_called_empty(tmp_path):
+    (tmp_path / schema.RANKS_DIR).mkdir(exist_ok=True)
+    (tmp_path / schema.RANKS_DIR / "rank_0.jsonl").write_bytes(b"garbage\nmore\n")
+    try:
+        notes = reduce_run(tmp_path)["notes"]
+    except ReduceError as exc:
+        notes = [str(exc)]
+    assert not any("is empty" in n for n in notes), notes
+
+
 def test_missing_rank_is_named(tmp_path):
     write_run(tmp_path, [RANK0, RANK1], world_size=3)
     summary = reduce_run(tmp_path)

@@ -100,6 +100,16 @@ def comparison_notes(
         )
     if blocking and options.allow_setup_change:
         notes.append("setup change accepted (--allow-setup-change): " + "; ".join(blocking))
+    unfinished = [
+        f"{s.get('_path') or s.get(schema.RUN)} ({s.get(schema.SUMMARY_STATUS)})"
+        for s in (*side_a, *side_b)
+        if s.get(schema.SUMMARY_STATUS) not in (None, schema.RUN_COMPLETED)
+    ]
+    if unfinished:
+        notes.append(
+            "not a completed run (" + listing(unfinished) + "): its figures cover only the steps "
+            "it recorded; its own report says what happened"
+        )
     notes.extend(own_cost_notes(side_a, side_b))
     return notes
 

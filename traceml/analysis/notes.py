@@ -17,7 +17,9 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
         return [f"rank {rank}: its file cannot be read ({data.unreadable})"], None
     notes.extend(_damage_notes(data))
     if data.header is None:
-        if data.step_count == 0 and not data.events and data.footer is None:
+        if data.bad_lines and data.step_count == 0:
+            notes.append(f"rank {rank}: its file holds no readable record")
+        elif data.step_count == 0 and not data.events and data.footer is None:
             notes.append(f"rank {rank}: its file is empty (the process ended before training)")
         else:
             notes.append(f"rank {rank}: its file has no header line")
@@ -142,6 +144,26 @@ def missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) -
         else:
             text += f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))})"
     return text
+
+
+def mixed_runs_note(headers: dict[int, dict[str, Any]]) -> str | None:
+    """A note when the rank files' headers name more than one run or world size: files of
+    different runs copied into one directory, whose figures would mix unseen."""
+    named = {
+        rank: (header.get(schema.RUN), header.get(schema.WORLD_SIZE))
+        for rank, header in headers.items()
+        if header.get(schema.RUN) is not None
+    }
+    if len(set(named.values())) <= 1:
+        return None
+    listing = "; ".join(
+        f"rank {rank}: run {run!r}, world size {world}"
+        for rank, (run, world) in sorted(named.items())[:8]
+    )
+    return (
+        f"the rank files come from different runs ({listing}): these figures mix them; give "
+        "each run its own directory"
+    )
 
 
 def warmup_note(recorded: int, analysed: int, ranks: int, skipped: int, warmup: int) -> str | None:

@@ -129,7 +129,14 @@ def load_partials(run_dir: Path, files: dict[int, Path], warmup: int) -> LoadedP
                 sketches = {
                     int(n): NodeSketches.from_state(s) for n, s in partial["sketches"].items()
                 }
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (
+            OSError,
+            orjson.JSONDecodeError,
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+        ) as exc:
             why = f"unreadable ({type(exc).__name__})"
         if why is not None:
             loaded.notes.append(f"{path.name}: {why}; that node's rank files were read instead")

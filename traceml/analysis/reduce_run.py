@@ -19,7 +19,12 @@ from traceml.analysis import input_pipeline, job_series, stats
 from traceml.analysis.imbalance import imbalance_with_memory
 from traceml.analysis.node_series import node_of
 from traceml.analysis.node_sketches import NodeSketches, all_field_quantiles, exactness
-from traceml.analysis.notes import dedupe_rank_notes, missing_ranks_note, warmup_note
+from traceml.analysis.notes import (
+    dedupe_rank_notes,
+    missing_ranks_note,
+    mixed_runs_note,
+    warmup_note,
+)
 from traceml.analysis.partials import LoadedPartials, load_partials, missing_partials_note
 from traceml.analysis.rankfile import RankRecords, scan_rank_files
 from traceml.analysis.reduce_rank import (
@@ -238,6 +243,9 @@ def _summary_from_parts(
 
 def _add_run_notes(totals: _RunTotals, missing: list[int], skipped: int, warmup: int) -> None:
     """The run-level notes: missing ranks, the trace-max-steps message, then (first) warm-up."""
+    mixed = mixed_runs_note(totals.headers)
+    if mixed:
+        totals.notes.append(mixed)
     if missing:
         totals.notes.append(missing_ranks_note(missing, totals.headers))
     if totals.max_steps_message:

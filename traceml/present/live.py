@@ -18,7 +18,6 @@ The training processes do no extra work for any of this: the launcher (``traceml
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Mapping
@@ -81,6 +80,8 @@ def watch(
     run_dir = Path(run_dir)
     if not (run_dir / schema.RANKS_DIR).is_dir():
         raise LiveError(_not_a_run_dir(run_dir))
+    if html is not None and (Path(html).name in ("", ".", "..") or Path(html).is_dir()):
+        raise LiveError(f"--html {html} is a directory: give a file name (report.html)")
     interval = interval_s or interval_from_env() or DEFAULT_INTERVAL_S
     collect = collect_s if collect_s is not None else collect_from_env()
     collect = DEFAULT_COLLECT_S if collect is None else collect
@@ -173,7 +174,10 @@ def _print_final(
     out.write(f"traceml: the run has ended; full report: traceml report {display_path(run_dir)}\n")
     out.flush()
     if html is not None:
-        _write_html_summary(html, summary, refresh=False)
+        try:
+            _write_html_summary(html, summary, refresh=False)
+        except OSError as exc:
+            raise LiveError(f"cannot write {html}: {exc.strerror or exc}") from None
         out.write(f"traceml: wrote {display_path(html)}\n")
 
 
@@ -196,9 +200,13 @@ def _write_html_summary(path: Path, summary: dict[str, Any], *, refresh: bool) -
     page = render_html(summary)
     if refresh:  # the browser reloads the page while the watch rewrites it
         page = page.replace("<head>", '<head><meta http-equiv="refresh" content="5">', 1)
-    with contextlib.suppress(OSError):
+    try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_atomically(Path(path), page.encode())
+    except OSError:
+        if not refresh:  # the last write: the caller says it could not be written
+            raise
+        # While the run goes on, a failed rewrite leaves the last page; the end says why.
 
 
 def _not_a_run_dir(path: Path) -> str:
