@@ -95,3 +95,18 @@ def test_a_real_change_in_a_small_phase_is_shown_not_hidden(tmp_path):
     assert "hidden" not in row
     phases = next(x for x in text.splitlines() if x.startswith("Phases that moved: "))
     assert "real but under 2% of step: Input Wait -8" in phases, phases
+
+
+def test_control_characters_from_a_file_are_shown_escaped_not_sent_to_the_terminal(tmp_path):
+    # A run name or event message is whatever a rank file says: an escape sequence in it
+    # reached the reader's terminal raw (report and compare).
+    from traceml.present.printable import printable
+
+    assert printable("run\x1b[2Jx\r\x9b\tok\n") == "run\\x1b[2Jx\\x0d\\x9b\tok\n"
+    evil = "evil\x1b]0;pwned\x07"
+    records = [header(0, run=evil), *(step(i, forward=5, backward=5) for i in range(30))]
+    write_rank(tmp_path / "a", 0, [*records, footer(30)])
+    _, text = summarise(tmp_path / "a")
+    assert "\x1b" not in text and "\\x1b]0;pwned\\x07" in text
+    result = compare(load_summary(tmp_path / "a"), load_summary(tmp_path / "a"))
+    assert "\x1b" not in render_comparison(result)

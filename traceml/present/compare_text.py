@@ -19,6 +19,7 @@ from traceml.analysis.compare_estimate import (
 )
 from traceml.analysis.compare_noise import RECOMMENDED_RUNS, NoiseFloor
 from traceml.analysis.compare_rules import floor_is_a_guess, format_interval, format_pct
+from traceml.present.printable import printable
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -59,7 +60,7 @@ def render_comparison(result: dict[str, Any]) -> str:
         "",
         *_footer_lines(result),
     ]
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines) + "\n")
 
 
 def _header_lines(result: dict[str, Any]) -> list[str]:

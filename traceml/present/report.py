@@ -12,6 +12,7 @@ from typing import Any
 from traceml import schema
 from traceml.analysis import resources
 from traceml.analysis.diagnose import label, noise_caveat
+from traceml.present.printable import printable
 from traceml.present.report_resources import text_lines as resource_lines
 
 WIDTH = 100
@@ -63,7 +64,7 @@ def headline(summary: dict[str, Any]) -> str:
 
 
 def _steps_analysed(summary: dict[str, Any]) -> str:
-    """"N of M steps analysed", per rank when there are several (the run's totals would count
+    """ "N of M steps analysed", per rank when there are several (the run's totals would count
     each step once per rank: issue 25's "44 of 48" for 22 of 24 steps on each of 2 ranks)."""
     entries = [e for e in summary.get(schema.SUMMARY_RANKS) or [] if isinstance(e, dict)]
     if len(entries) < 2:
@@ -100,7 +101,7 @@ def render_text(summary: dict[str, Any]) -> str:
         if block:
             lines.extend([*block, ""])
     lines.append(f"Summary: {summary.get(schema.SUMMARY_RUN_DIR, '.')}/{schema.SUMMARY_JSON}")
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return printable("\n".join(line.rstrip() for line in lines) + "\n")
 
 
 def input_lines(summary: dict[str, Any]) -> list[str]:
