@@ -105,6 +105,16 @@ def test_rank_files_of_different_runs_in_one_directory_are_named(tmp_path):
     assert not any("different runs" in n for n in reduce_run(tmp_path)["notes"])
 
 
+def test_step_records_out_of_order_or_repeated_are_named(tmp_path):
+    records = [step(i, forward=5) for i in range(8)]
+    write_rank(tmp_path, 0, [header(), *records, footer(8)])
+    assert not any("out of order" in n for n in reduce_run(tmp_path)["notes"])
+    moved = [*records[1:], records[0], records[5], records[5]]  # step 0 last, step 5 three times
+    write_rank(tmp_path, 0, [header(), *moved, footer(10)])
+    notes = reduce_run(tmp_path)["notes"]
+    assert any("out of order or repeated (2 places)" in n for n in notes), notes
+
+
 def test_a_file_of_garbage_lines_is_not_called_empty(tmp_path):
     (tmp_path / schema.RANKS_DIR).mkdir(exist_ok=True)
     (tmp_path / schema.RANKS_DIR / "rank_0.jsonl").write_bytes(b"garbage\nmore\n")

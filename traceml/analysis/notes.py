@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from traceml import schema
@@ -82,6 +83,15 @@ def _damage_notes(data: RankRecords) -> list[str]:
         notes.append(
             f"rank {rank}: header field{'s' if len(data.bad_header_fields) != 1 else ''} "
             f"{', '.join(data.bad_header_fields)} of the wrong type or out of range; ignored"
+        )
+    indices = [i for i in data.columns.get(schema.STEP_INDEX, ()) if isinstance(i, int)]
+    disorder = sum(later <= earlier for earlier, later in pairwise(indices))
+    if disorder:  # traceml numbers a rank's steps 0, 1, 2, ... in the order it writes them
+        notes.append(
+            f"rank {rank}: its step records are out of order or repeated ({disorder} "
+            f"place{'s' if disorder != 1 else ''}): the file was edited, or two processes "
+            "wrote it; each record counts as it stands, and the warm-up skipped is the first "
+            "records in the file"
         )
     claimed = (data.header or {}).get(schema.RANK)
     if claimed is not None and claimed != rank:
