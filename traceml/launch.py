@@ -73,6 +73,8 @@ def validate(args: argparse.Namespace) -> None:
         raise LaunchError(f"--node-rank must be between 0 and {args.nnodes - 1}")
     if args.trace_max_steps is not None and args.trace_max_steps < 1:
         raise LaunchError("--trace-max-steps must be at least 1")
+    if not str(args.logs_dir).strip():
+        raise LaunchError("--logs-dir needs a directory (the default is ./logs)")
     if args.run_name is not None and not is_valid_run_name(args.run_name):
         raise LaunchError(
             f"--run-name {args.run_name!r} is not a safe run name "

@@ -58,6 +58,9 @@ def test_run_refuses_bad_input_before_starting_anything(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
     assert main(["run", str(script), "--nproc-per-node", "0"]) == 2
     assert main(["run", str(script), "--nnodes", "2", "--node-rank", "2"]) == 2
+    capsys.readouterr()
+    assert main(["run", str(script), "--logs-dir", ""]) == 2  # traced into ./ unsaid before
+    assert "--logs-dir needs a directory" in capsys.readouterr().err
 
 
 def test_script_args_after_args_are_untouched():
