@@ -27,6 +27,27 @@ def register(session: Any) -> None:
         atexit.register(at_exit)
 
 
+class _Finished:
+    """What the exit handler still needs of a session whose rank file is finished: its
+    process, settings and place in the job (the direct-launch report), and nothing of the
+    training. The session itself, and through it the user's trainer, model and data, can go."""
+
+    __slots__ = ("pid", "rank_info", "settings")
+
+    def __init__(self, session: Any) -> None:
+        self.pid, self.settings, self.rank_info = session.pid, session.settings, session.rank_info
+
+    def finish_at_exit(self) -> None:
+        pass
+
+
+def finished(session: Any) -> None:
+    """``session``'s footer is written: keep only what the exit handler reads of it."""
+    for index, registered in enumerate(_sessions):
+        if registered is session:
+            _sessions[index] = _Finished(session)
+
+
 @entry_point("exit handler", "interpreter exit: footers and the direct-launch report", owner_arg=-1)
 def at_exit() -> None:
     for session in list(_sessions):

@@ -14,6 +14,7 @@ from contextlib import suppress
 from typing import Any
 
 from traceml import schema
+from traceml.capture import at_exit
 from traceml.capture.lifecycle import DONE, TRACING
 
 EXITED_EARLY = "the process exited before training finished"
@@ -42,6 +43,7 @@ def finish_file(session: Any) -> None:
     recorder.finish()
     if session.life.state is TRACING:
         session.life.move(DONE)
+    at_exit.finished(session)  # the exit handler lets go of the session (and the training)
 
 
 def finish_at_exit(session: Any) -> None:

@@ -17,6 +17,7 @@ transformers 5.x; see docs/any_pytorch.md):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from traceml.capture.guard import entry_point
@@ -25,30 +26,31 @@ _callback_class: type | None = None
 
 
 def on_import(module: Any) -> None:
-    """Post-import hook for ``transformers.trainer``: wrap ``Trainer.train``."""
-    import wrapt
-
+    """Post-import hook for ``transformers.trainer``: wrap ``Trainer.train`` (a plain function,
+    so that ``trainer.train`` stays a bound method that pickles by name, as untraced)."""
     trainer_class = getattr(module, "Trainer", None)
-    if trainer_class is None:
+    original = None if trainer_class is None else trainer_class.__dict__.get("train")
+    if original is None or original in _OURS:
         return
-    # Ours already? Read off the wrapper (wrapt keeps it as _self_wrapper): an attribute set
-    # on the wrapper would land on transformers' own function.
-    if getattr(trainer_class.__dict__.get("train"), "_self_wrapper", None) is _train_wrapper:
-        return
-    wrapt.wrap_function_wrapper(trainer_class, "train", _train_wrapper)
+
+    @functools.wraps(original)
+    def train(self: Any, *args: Any, **kwargs: Any) -> Any:
+        callback = before_train(self)
+        try:
+            return original(self, *args, **kwargs)  # the user's errors reach the user unchanged
+        except BaseException as exc:
+            if callback is not None:
+                callback.train_failed(exc)
+            raise
+        finally:
+            if callback is not None:
+                callback.train_done(self)
+
+    trainer_class.train = train
+    _OURS.add(train)
 
 
-def _train_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    callback = before_train(instance)
-    try:
-        return wrapped(*args, **kwargs)  # the user's errors reach the user unchanged
-    except BaseException as exc:
-        if callback is not None:
-            callback.train_failed(exc)
-        raise
-    finally:
-        if callback is not None:
-            callback.train_done(instance)
+_OURS: set[Any] = set()  # the wrapper set on transformers' Trainer
 
 
 @entry_point("hf_trainer.train", "Trainer.train, before the Trainer's own code", owner_arg=-1)

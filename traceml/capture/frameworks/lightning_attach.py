@@ -9,6 +9,7 @@ that the callback body (``lightning``) never imports them back.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from traceml.capture import claim
@@ -56,19 +57,30 @@ def reset_claim_for_tests() -> None:
 def on_import(module: Any) -> None:
     """Post-import hook for ``pytorch_lightning`` and ``lightning.pytorch``: trace the first
     ``Trainer.fit`` of the process (plain Lightning scripts; RF-DETR attaches earlier)."""
-    import wrapt
-
     trainer_class = module.Trainer
-    # Ours already? Read off the wrapper (wrapt keeps it as _self_wrapper): an attribute set
-    # on the wrapper would land on Lightning's own function.
-    if getattr(trainer_class.__dict__.get("fit"), "_self_wrapper", None) is _fit_wrapper:
+    original = trainer_class.__dict__.get("fit")
+    if original is None or original in _OURS:
         return
-    wrapt.wrap_function_wrapper(trainer_class, "fit", _fit_wrapper)
+    _OURS.add(plain_wrapper(trainer_class, "fit", original, attach_before_fit))
 
 
-def _fit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    attach_before_fit(instance)
-    return wrapped(*args, **kwargs)
+# The wrappers set on Trainer classes (one per Lightning package).
+_OURS: set[Any] = set()
+
+
+def plain_wrapper(owner: type, name: str, original: Any, before: Any) -> Any:
+    """``owner.<name>`` replaced by a plain function that calls ``before(self)`` (a guarded
+    entry point) and then the original, exactly once; returns it. A plain function, not a
+    wrapt proxy: ``trainer.fit`` stays a bound method, and it and ``Trainer.fit`` pickle by
+    name as untraced (a spawned process's ``target=trainer.fit``, ``copy.deepcopy``)."""
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before(self)
+        return original(self, *args, **kwargs)  # the user's errors reach the user unchanged
+
+    setattr(owner, name, wrapper)
+    return wrapper
 
 
 @entry_point(

@@ -32,6 +32,8 @@ main process, a door's (``dataloader.iterator``, ``dataloader.batch``) turns tra
 from __future__ import annotations
 
 import os
+import weakref
+from types import SimpleNamespace
 from typing import Any
 
 from traceml.capture.clock import clock_ns
@@ -168,6 +170,10 @@ def _wrap_get_iterator(loader_class: type) -> Any:
     return restore
 
 
+def _no_loader() -> None:
+    return None  # a spawned worker's timing: the loader stayed in the training process
+
+
 class InputTiming:
     """The timing installed on one training DataLoader, and how to take it away again."""
 
@@ -184,7 +190,16 @@ class InputTiming:
     ) -> None:
         """``shared`` and ``main_pid`` are given inside a spawned worker (the map it opened,
         the training process's pid); the main process makes its own map."""
-        self.loader = loader
+        # Weakly: the session outlives the fit's loaders (a loader Lightning reloads each epoch,
+        # its persistent workers with it, must go when Lightning lets go of it).
+        self._loader = weakref.ref(loader) if loader is not None else _no_loader
+        # What the epoch's record says about the loader, read once: it may be gone by then.
+        self._facts = SimpleNamespace(
+            num_workers=getattr(loader, "num_workers", 0),
+            persistent_workers=getattr(loader, "persistent_workers", False),
+            pin_memory=getattr(loader, "pin_memory", False),
+            multiprocessing_context=getattr(loader, "multiprocessing_context", None),
+        )
         self.observer = observer  # the callback: failures in the main process go to it
         self.main_pid = os.getpid() if main_pid is None else main_pid
         self.on = True
@@ -200,6 +215,11 @@ class InputTiming:
         self._undo: list[Any] = []
         # The current epoch's fetcher's undo (num_workers=0): one, not one per epoch kept.
         self._untime_fetcher: Any = lambda: None
+
+    @property
+    def loader(self) -> Any:
+        """The traced DataLoader (None once the user's code and Lightning let go of it)."""
+        return self._loader()
 
     # -- installing ------------------------------------------------------------------------
 
@@ -339,7 +359,7 @@ class InputTiming:
         origin, self._iterator_start_ns = self._iterator_start_ns, None
         if not workers and iterator_ms is None:
             return None
-        record = input_record(self.loader, epoch, workers, iterator_ms)
+        record = input_record(self._facts, epoch, workers, iterator_ms)
         if started and origin is not None:
             # Worker start-up: the iterator started them, until the first one began a batch
             # (imports, worker_init_fn, dataset copies); the first batch is ready after that.

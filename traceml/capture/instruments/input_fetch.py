@@ -75,7 +75,12 @@ def _timed_fetch(untimed: Any, timing: Any) -> tuple[Any, Any]:
         start = collate.started = clock_ns()
         batch = untimed(self, possibly_batched_index)  # errors pass through
         if timing.on:
-            samples = len(possibly_batched_index) if self.auto_collation else 1
+            if not self.auto_collation:
+                samples = 1
+            elif hasattr(possibly_batched_index, "__len__"):
+                samples = len(possibly_batched_index)
+            else:  # a batch sampler that yields iterators: no count, so no breakdown of it
+                return batch
             log = timing.log
             if log is not None:  # the session's event log (InputTiming.log_events)
                 log((BATCH_DOOR, start, collate.started, clock_ns(), samples))

@@ -1,0 +1,95 @@
+"""What a Lightning script can do with its objects after a traced fit, as untraced (rule 1):
+the fit's trainer, model, dataset and loader are freed once the script drops them (the exit
+handler held the session, and through it all of them, until the process ended); trainer.fit
+pickles (a spawned process's target); a batch sampler that yields iterators trains (the input
+breakdown called len() on them and raised into the fit)."""
+
+from __future__ import annotations
+
+import json
+
+from procs import PYTHON, clean_env, run, traced_env
+
+SCRIPT = """
+import gc, json, pickle, weakref, warnings
+warnings.filterwarnings("ignore")
+import torch
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class Points(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+
+
+class IteratorBatches(Sampler):  # each batch an iterator of indices, not a list
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        for start in range(0, 16, 4):
+            yield iter(range(start, start + 4))
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+model, dataset = Net(), Points()
+loader = DataLoader(dataset, batch_sampler=IteratorBatches())
+trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, loader)
+outcome = {"global_step": trainer.global_step,
+           "weights": [round(float(p.sum()), 6) for p in model.parameters()]}
+for name, target in (("trainer.fit", trainer.fit), ("Trainer.fit", pl.Trainer.fit)):
+    try:
+        outcome[f"pickle {name}"] = type(pickle.loads(pickle.dumps(target))).__name__
+    except Exception as exc:
+        outcome[f"pickle {name}"] = type(exc).__name__
+held = {name: weakref.ref(value) for name, value in
+        (("model", model), ("dataset", dataset), ("loader", loader), ("trainer", trainer))}
+del model, dataset, loader, trainer
+gc.collect()
+outcome["freed"] = {name: ref() is None for name, ref in held.items()}
+print("OUTCOME " + json.dumps(outcome, sort_keys=True), flush=True)
+"""
+
+
+def outcome_of(result) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("OUTCOME ")]
+    return json.loads(line[len("OUTCOME ") :])
+
+
+def test_after_a_traced_fit_the_scripts_objects_are_as_untraced(tmp_path):
+    script = tmp_path / "after_fit.py"
+    script.write_text(SCRIPT)
+    untraced = outcome_of(run([PYTHON, script], clean_env(), tmp_path))
+    traced_run = run([PYTHON, script], traced_env(tmp_path / "logs", "after"), tmp_path)
+    traced = outcome_of(traced_run)
+    assert untraced["global_step"] == 8
+    assert untraced["freed"] == {"model": True, "dataset": True, "loader": True, "trainer": True}
+    assert untraced["pickle trainer.fit"] == "method"
+    assert untraced["pickle Trainer.fit"] == "function"
+    assert traced == untraced
+    assert "tracing disabled" not in traced_run.stderr  # traced, not turned off on the way
+    assert (tmp_path / "logs" / "after" / "ranks" / "rank_0.jsonl").is_file()
