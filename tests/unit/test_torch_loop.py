@@ -212,3 +212,30 @@ def test_a_loops_root_is_timed_and_freed_while_its_undo_waits_for_the_exit(make)
     finally:
         hooks.remove()
     assert "traceml" not in UserNet.forward.__code__.co_filename
+
+
+def test_a_training_after_the_first_trainer_was_freed_is_still_the_second(capsys):
+    """One traced training per process: the claim held its owner weakly, so once a script
+    dropped its first trainer (freed since the exit handler lets go of finished sessions) a
+    second training could claim the process and write into the same run."""
+    import gc
+
+    from traceml import console
+    from traceml.capture import claim
+
+    class Trainer:
+        pass
+
+    claim.reset_for_tests()
+    console.reset_for_tests()
+    try:
+        first = Trainer()
+        assert claim.claim(first)
+        assert claim.claim(first)  # the same training again (a Tuner's fit, then yours)
+        del first
+        gc.collect()
+        assert not claim.claim(Trainer())
+        assert "a second training in this process is not traced" in capsys.readouterr().err
+    finally:
+        claim.reset_for_tests()
+        console.reset_for_tests()

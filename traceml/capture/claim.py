@@ -26,7 +26,9 @@ def claim(owner: Any) -> bool:
     global _owner, _warned_second
     with _lock:
         current = _owner() if _owner is not None else None
-        if current is not None and current is not owner:
+        # The first owner freed (a script that drops its trainer after the fit) still had the
+        # process's one traced training: a later one stays untraced.
+        if (current is not None and current is not owner) or (_owner is not None and current is None):
             if not _warned_second:
                 _warned_second = True
                 console.warn(
