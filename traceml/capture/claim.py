@@ -28,7 +28,7 @@ def claim(owner: Any) -> bool:
         current = _owner() if _owner is not None else None
         # The first owner freed (a script that drops its trainer after the fit) still had the
         # process's one traced training: a later one stays untraced.
-        if (current is not None and current is not owner) or (_owner is not None and current is None):
+        if _owner is not None and current is not owner:
             if not _warned_second:
                 _warned_second = True
                 console.warn(
