@@ -274,6 +274,21 @@ print("RESULT", model[0].weight.detach().sum().item())
 """
 
 
+def warnings_of_a_loop_run_as_untraced(tmp_path, name: str, source: str) -> list[str]:
+    """``source`` run untraced and traced: both exit 0 with the same RESULT lines; the traced
+    run's traceml warnings."""
+    script = tmp_path / f"{name}_loop.py"
+    script.write_text(source)
+    untraced = run([PYTHON, script], clean_env(), tmp_path)
+    assert untraced.returncode == 0, untraced.stderr
+    result = run([PYTHON, script], traced_env(tmp_path / "logs", name), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [x for x in result.stdout.splitlines() if x.startswith("RESULT")] == [
+        x for x in untraced.stdout.splitlines() if x.startswith("RESULT")
+    ]
+    return warning_lines(result.stderr)
+
+
 SCRIPTED_LOOP = COMPILED_LOOP.replace(
     'model.compile(backend="eager", fullgraph=True)  # nn.Module.compile: in place',
     "model = torch.jit.script(model)",
@@ -283,17 +298,8 @@ SCRIPTED_LOOP = COMPILED_LOOP.replace(
 def test_a_loop_over_a_torchscript_model_trains_as_untraced_and_is_named(tmp_path):
     # TorchScript refuses module hooks on its modules: the first optimizer step turned tracing
     # off as a traceml failure. Now it is named as what it is, and not traced.
-    script = tmp_path / "scripted_loop.py"
-    script.write_text(SCRIPTED_LOOP)
     assert "torch.jit.script" in SCRIPTED_LOOP
-    untraced = run([PYTHON, script], clean_env(), tmp_path)
-    assert untraced.returncode == 0, untraced.stderr
-    result = run([PYTHON, script], traced_env(tmp_path / "logs", "scripted"), tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert [x for x in result.stdout.splitlines() if x.startswith("RESULT")] == [
-        x for x in untraced.stdout.splitlines() if x.startswith("RESULT")
-    ]
-    assert warning_lines(result.stderr) == [
+    assert warnings_of_a_loop_run_as_untraced(tmp_path, "scripted", SCRIPTED_LOOP) == [
         "traceml: not tracing: the model is a TorchScript module (torch.jit.script / "
         "torch.jit.load); training runs natively"
     ]
@@ -304,16 +310,7 @@ def test_a_loop_over_a_model_compiled_in_place_trains_as_untraced_and_is_named(t
     # met the clock and raised (torch._dynamo Unsupported) in the user's loop. The hooks now
     # stay out of the graph; nothing then opens the session, and the first optimizer step
     # says so.
-    script = tmp_path / "compiled_loop.py"
-    script.write_text(COMPILED_LOOP)
-    untraced = run([PYTHON, script], clean_env(), tmp_path)
-    assert untraced.returncode == 0, untraced.stderr
-    result = run([PYTHON, script], traced_env(tmp_path / "logs", "compiled"), tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert [x for x in result.stdout.splitlines() if x.startswith("RESULT")] == [
-        x for x in untraced.stdout.splitlines() if x.startswith("RESULT")
-    ]
-    assert warning_lines(result.stderr) == [
+    assert warnings_of_a_loop_run_as_untraced(tmp_path, "compiled", COMPILED_LOOP) == [
         "traceml: not tracing: an optimizer stepped before any training forward was seen (a "
         "module call in train mode with gradients on); a model compiled in place "
         "(model.compile()) or trained in eval mode is not traced; training runs natively"
