@@ -107,6 +107,8 @@ SCENARIOS: dict[str, Scenario] = {
     "import_hooks.finder": scenario("plain", None),
     "import_hooks.loader": scenario("plain", None),
     "lightning.Trainer.fit": scenario("plain", None),
+    # After the fit: the rank file is complete by then.
+    "lightning.Trainer.fit_done": scenario("plain", "completed"),
     "lightning.setup": scenario("plain", None),
     "lightning.on_train_start": scenario("plain"),
     "lightning.on_train_epoch_start": scenario("plain"),

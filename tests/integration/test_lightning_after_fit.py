@@ -2,13 +2,14 @@
 the fit's trainer, model, dataset and loader are freed once the script drops them (the exit
 handler held the session, and through it all of them, until the process ended); trainer.fit
 pickles (a spawned process's target); a batch sampler that yields iterators trains (the input
-breakdown called len() on them and raised into the fit)."""
+breakdown called len() on them and raised into the fit); the trainer's callbacks after the fit
+are the script's alone, and a second fit of the same trainer trains untraced."""
 
 from __future__ import annotations
 
 import json
 
-from procs import PYTHON, clean_env, run, traced_env
+from procs import PYTHON, clean_env, run, steps_written, traced_env
 
 SCRIPT = """
 import gc, json, pickle, weakref, warnings
@@ -65,6 +66,11 @@ for name, target in (("trainer.fit", trainer.fit), ("Trainer.fit", pl.Trainer.fi
         outcome[f"pickle {name}"] = type(pickle.loads(pickle.dumps(target))).__name__
     except Exception as exc:
         outcome[f"pickle {name}"] = type(exc).__name__
+outcome["callbacks"] = sorted(type(c).__name__ for c in trainer.callbacks)
+outcome["callbacks pickle"] = len(pickle.loads(pickle.dumps(trainer.callbacks)))
+trainer.fit_loop.max_epochs = 3  # the same trainer fits again: one epoch more
+trainer.fit(model, loader)
+outcome["second global_step"] = trainer.global_step
 held = {name: weakref.ref(value) for name, value in
         (("model", model), ("dataset", dataset), ("loader", loader), ("trainer", trainer))}
 del model, dataset, loader, trainer
@@ -90,6 +96,9 @@ def test_after_a_traced_fit_the_scripts_objects_are_as_untraced(tmp_path):
     assert untraced["freed"] == {"model": True, "dataset": True, "loader": True, "trainer": True}
     assert untraced["pickle trainer.fit"] == "method"
     assert untraced["pickle Trainer.fit"] == "function"
+    assert untraced["second global_step"] == 12
     assert traced == untraced
     assert "tracing disabled" not in traced_run.stderr  # traced, not turned off on the way
-    assert (tmp_path / "logs" / "after" / "ranks" / "rank_0.jsonl").is_file()
+    # The second fit is a second training: untraced, said once; the file holds the first's.
+    assert "a second training in this process is not traced" in traced_run.stderr
+    assert steps_written(tmp_path / "logs" / "after" / "ranks" / "rank_0.jsonl") == 8

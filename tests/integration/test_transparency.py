@@ -95,6 +95,10 @@ TABLE: dict[str, tuple[str | tuple[str, ...], list[str]]] = {
         "main",
         ["after.validate", "after.test", "after.predict"],
     ),
+    "after fit: the trainer's callbacks (their types; pickling them)": (
+        "main",
+        ["after.callbacks.*"],
+    ),
     "a second fit in the same process": ("main", ["second_fit.global_step"]),
     "multiprocessing.set_start_method after fit": (
         "main",

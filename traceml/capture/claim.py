@@ -17,6 +17,7 @@ from traceml import console
 
 _lock = threading.Lock()
 _owner: weakref.ref | None = None
+_done = False  # the owner's training ended: the same owner's next one is a second training
 _warned_second = False
 _stand_by: list[Callable[[], None]] = []
 
@@ -28,7 +29,7 @@ def claim(owner: Any) -> bool:
         current = _owner() if _owner is not None else None
         # The first owner freed (a script that drops its trainer after the fit) still had the
         # process's one traced training: a later one stays untraced.
-        if _owner is not None and current is not owner:
+        if _done or (_owner is not None and current is not owner):
             if not _warned_second:
                 _warned_second = True
                 console.warn(
@@ -41,6 +42,16 @@ def claim(owner: Any) -> bool:
         if getattr(stand_down, "__self__", None) is not owner:
             stand_down()
     return True
+
+
+def finished(owner: Any) -> None:
+    """``owner``'s training is over (a Lightning fit returned): a later fit of the same trainer
+    is a second training, refused as another's would be, though traceml's callback, which said
+    so before, has left the trainer."""
+    global _done
+    with _lock:
+        if _owner is not None and _owner() is owner:
+            _done = True
 
 
 def owner() -> Any | None:
@@ -60,7 +71,8 @@ def unregister_stand_by(stand_down: Callable[[], None]) -> None:
 
 
 def reset_for_tests() -> None:
-    global _owner, _warned_second
+    global _owner, _warned_second, _done
     with _lock:
         _owner = None
         _warned_second = False
+        _done = False

@@ -294,6 +294,8 @@ def main_case() -> None:
             "callback": callback,
         },
     )
+    outcome["after.callbacks.types"] = [type(c).__name__ for c in fit.callbacks]
+    attempt("after.callbacks.pickle", lambda: len(pickle.loads(pickle.dumps(fit.callbacks))))
     held_out = DataLoader(Subset(dataset, range(8)), batch_size=4, collate_fn=collate)
     outcome["after.validate"] = floats(fit.validate(model, held_out, verbose=False))
     outcome["after.test"] = floats(fit.test(model, held_out, verbose=False))

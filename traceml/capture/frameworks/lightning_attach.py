@@ -61,23 +61,27 @@ def on_import(module: Any) -> None:
     original = trainer_class.__dict__.get("fit")
     if original is None or original in _OURS:
         return
-    _OURS.add(plain_wrapper(trainer_class, "fit", original, attach_before_fit))
+    _OURS.add(plain_wrapper(trainer_class, "fit", original, attach_before_fit, fit_done))
 
 
 # The wrappers set on Trainer classes (one per Lightning package).
 _OURS: set[Any] = set()
 
 
-def plain_wrapper(owner: type, name: str, original: Any, before: Any) -> Any:
-    """``owner.<name>`` replaced by a plain function that calls ``before(self)`` (a guarded
-    entry point) and then the original, exactly once; returns it. A plain function, not a
-    wrapt proxy: ``trainer.fit`` stays a bound method, and it and ``Trainer.fit`` pickle by
-    name as untraced (a spawned process's ``target=trainer.fit``, ``copy.deepcopy``)."""
+def plain_wrapper(owner: type, name: str, original: Any, before: Any, after: Any) -> Any:
+    """``owner.<name>`` replaced by a plain function that calls ``before(self)``, the original
+    exactly once and ``after(self)`` however it ended (``before`` and ``after``: guarded entry
+    points); returns it. A plain function, not a wrapt proxy: ``trainer.fit`` stays a bound
+    method, and it and ``Trainer.fit`` pickle by name as untraced (a spawned process's
+    ``target=trainer.fit``, ``copy.deepcopy``)."""
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         before(self)
-        return original(self, *args, **kwargs)  # the user's errors reach the user unchanged
+        try:
+            return original(self, *args, **kwargs)  # the user's errors reach the user unchanged
+        finally:
+            after(self)
 
     setattr(owner, name, wrapper)
     return wrapper
@@ -93,6 +97,24 @@ def attach_before_fit(trainer: Any) -> None:
     if settings is None or getattr(trainer, "_traceml_skip", False):
         return
     attach(trainer, settings)
+
+
+@entry_point(
+    "lightning.Trainer.fit_done", "the Trainer.fit wrapper, after the user's fit", owner_arg=-1
+)
+def fit_done(trainer: Any) -> None:
+    """traceml's callback out of ``trainer.callbacks`` once the fit is over (its session is
+    finished by then), so that the trainer is as untraced after it: its callbacks' types,
+    pickling the trainer. Not from the callback's own teardown: Lightning is iterating over the
+    list then. A later fit of this trainer is a second training (``claim.finished``)."""
+    callbacks = getattr(trainer, "callbacks", None)
+    if not isinstance(callbacks, list):
+        return
+    ours = [c for c in callbacks if isinstance(c, StepTiming)]
+    if ours:
+        claim.finished(trainer)
+        for callback in ours:
+            callbacks.remove(callback)
 
 
 def lightning_package(trainer: Any) -> str:
