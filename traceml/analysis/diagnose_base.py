@@ -146,9 +146,13 @@ class PhaseView:
         return cls(shares, means, own)
 
     def compute_shares(self) -> tuple[float | None, float | None]:
-        """Forward + Backward on the host clock, and on the device clock (None: unmeasured)."""
+        """Forward + Backward on the host clock, and on the device clock (None: unmeasured).
+        On the device, their own time where the waits inside them were measured: with NCCL
+        the device's Backward holds the all-reduce, which is waiting, not compute."""
         host = sum_present(self.shares.get(schema.FORWARD), self.shares.get(schema.BACKWARD))
-        device = sum_present(
-            self.shares.get(schema.GPU_FORWARD), self.shares.get(schema.GPU_BACKWARD)
-        )
+        forward, backward = schema.GPU_FORWARD, schema.GPU_BACKWARD
+        own = schema.GPU_OWN_OF_PHASE
+        if self.shares.get(own[schema.BACKWARD]) is not None:
+            forward, backward = own[schema.FORWARD], own[schema.BACKWARD]
+        device = sum_present(self.shares.get(forward), self.shares.get(backward))
         return host, device

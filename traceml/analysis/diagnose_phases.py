@@ -63,11 +63,19 @@ def _largest_phase(shares: dict[str, Any]) -> str | None:
     )
 
 
+def _measured_steps(entry: dict[str, Any]) -> int:
+    """A rank's analysed steps whose step time was measured (a step whose values were all
+    damaged, cleaned to null, is a record, not a measurement)."""
+    step = (entry.get(schema.PHASE_STATS) or {}).get(schema.STEP)
+    measured = step.get("count", 0) if isinstance(step, dict) else 0
+    return min(entry.get(schema.SUMMARY_STEPS_ANALYSED, 0), measured)
+
+
 def insufficient(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, Any] | None:
     """INSUFFICIENT_DATA when some rank has fewer steady steps than a verdict needs."""
     min_steps = int(limits["min_steps"])
     per_rank_steps = [
-        e.get(schema.SUMMARY_STEPS_ANALYSED, 0)
+        _measured_steps(e)
         for e in summary.get(schema.SUMMARY_RANKS, [])
         if e.get(schema.SUMMARY_STEPS_RECORDED)
     ]

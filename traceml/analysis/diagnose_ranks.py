@@ -32,19 +32,36 @@ _LEGACY_PHASE_FIELDS = {
 }
 
 
-def _straggler_basis(fields: dict[str, Any]) -> tuple[str, dict[str, str], str] | None:
-    """(own-time field, phase -> field for the cause, how own time was measured)."""
+def _straggler_basis(
+    fields: dict[str, Any], one_basis: bool = True
+) -> tuple[str, dict[str, str], str] | None:
+    """(own-time field, phase -> field for the cause, how own time was measured).
+    ``one_basis``: every rank's own time was derived the same way (all with comm timing or
+    none); ranks whose own time is step minus comm and ranks whose is step minus Backward
+    are compared by their step times only."""
     if _compared(fields, schema.GPU_OWN_MS):
         return schema.GPU_OWN_MS, _GPU_OWN_PHASE_FIELDS, "device"
-    if _compared(fields, schema.OWN_OF_PHASE[schema.BACKWARD]):
+    if one_basis and _compared(fields, schema.OWN_OF_PHASE[schema.BACKWARD]):
         return schema.OWN_MS, _OWN_PHASE_FIELDS, "waits"
-    candidates = [f for f in (schema.OWN_MS, schema.STEP) if _compared(fields, f)]
+    fallback = (schema.OWN_MS, schema.STEP) if one_basis else (schema.STEP,)
+    candidates = [f for f in fallback if _compared(fields, f)]
     if not candidates:
         return None
     # Older files: step minus Backward (DDP's wait on gloo), or the step itself when the ranks
     # do not synchronise; whichever separates the slowest rank more.
     basis = max(candidates, key=lambda f: fields[f]["max_over_others"])
     return basis, _LEGACY_PHASE_FIELDS, "legacy"
+
+
+def _one_own_basis(summary: dict[str, Any]) -> bool:
+    """Whether the ranks with steps all had comm timing, or none did (see reduce_rank's
+    own time: step minus comm, else step minus Backward)."""
+    with_comm = {
+        bool((entry.get(schema.PHASE_STATS) or {}).get(schema.COMM))
+        for entry in summary.get(schema.SUMMARY_RANKS) or []
+        if (entry.get(schema.PHASE_STATS) or {}).get(schema.STEP)
+    }
+    return len(with_comm) <= 1
 
 
 def _compared(fields: dict[str, Any], fieldname: str) -> bool:
@@ -73,7 +90,7 @@ def straggler_verdict(summary: dict[str, Any], limits: dict[str, float]) -> dict
     against the other ranks' median, beyond both a ratio and an absolute threshold."""
     imbalance = summary.get(schema.SUMMARY_IMBALANCE) or {}
     fields = imbalance.get(schema.IMBALANCE_FIELDS) or {}
-    chosen = _straggler_basis(fields)
+    chosen = _straggler_basis(fields, _one_own_basis(summary))
     if chosen is None:
         return None
     basis, phase_fields, method = chosen

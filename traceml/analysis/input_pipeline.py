@@ -32,6 +32,18 @@ def _number(value: Any) -> float | None:
     return float(value) if value >= 0 else None
 
 
+def _count(value: Any) -> int | None:
+    """A count from a record (workers, cores, an epoch), or None when it is not one: a
+    damaged field is unmeasured, never a crash in the advice's arithmetic."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The run's breakdown from every rank's ``input`` records, or None without any."""
     totals = dict.fromkeys(("batches", "samples", "getitem_ms", "collate_ms", "busy_ms"), 0.0)
@@ -45,7 +57,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         if not isinstance(record, dict) or not isinstance(record.get("producers"), list):
             continue
         last = record
-        epochs.add((record.get(schema.RANK), record.get(schema.EPOCH)))
+        epochs.add((_count(record.get(schema.RANK)), _count(record.get(schema.EPOCH))))
         for key, into in (("worker_startup_ms", startups), ("first_batch_ms", first_batches)):
             value = _number(record.get(key))
             if value is not None:
@@ -68,10 +80,10 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     batches = totals["batches"]
     return {
-        "num_workers": last.get("num_workers"),
-        "persistent_workers": last.get("persistent_workers"),
-        "pin_memory": last.get("pin_memory"),
-        "cpu_count": last.get("cpu_count"),
+        "num_workers": _count(last.get("num_workers")),
+        "persistent_workers": _flag(last.get("persistent_workers")),
+        "pin_memory": _flag(last.get("pin_memory")),
+        "cpu_count": _count(last.get("cpu_count")),
         "epochs": len(epochs),
         "batches": int(batches),
         "samples": int(totals["samples"]),

@@ -74,10 +74,22 @@ def rank_series(columns: dict[str, list[Any]], skip: int) -> RankSeries:
 def _step_numbers(columns: dict[str, list[Any]], skip: int, count: int) -> list[int]:
     """The numbers that align this rank's analysed steps with the other ranks'."""
     for name in (schema.GLOBAL_STEP, schema.STEP_INDEX):
-        numbers = (columns.get(name) or [])[skip : skip + count]
+        numbers = _gaps_filled((columns.get(name) or [])[skip : skip + count])
         if len(numbers) == count and _usable_numbers(numbers):
             return numbers
     return list(range(skip, skip + count))
+
+
+def _gaps_filled(numbers: list[Any]) -> list[Any]:
+    """A damaged (null) step number after a good one taken as the next number: one bad value
+    must not make this rank align by another numbering than its peers (off by one)."""
+    if None not in numbers:
+        return numbers
+    filled = list(numbers)
+    for index in range(1, len(filled)):
+        if filled[index] is None and type(filled[index - 1]) is int:
+            filled[index] = filled[index - 1] + 1
+    return filled
 
 
 def _usable_numbers(numbers: list[Any]) -> bool:

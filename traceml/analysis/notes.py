@@ -9,6 +9,20 @@ from traceml import schema
 from traceml.analysis.rankfile import RankRecords
 
 
+def _no_header_note(data: RankRecords) -> str:
+    rank = data.rank
+    if data.bad_lines and data.step_count == 0:
+        return f"rank {rank}: its file holds no readable record"
+    if data.step_count == 0 and not data.events and data.footer is None:
+        return f"rank {rank}: its file is empty (the process ended before training)"
+    if data.bad_schema is not None:
+        return (
+            f"rank {rank}: its header's schema {data.bad_schema} is not a traceml rank schema "
+            "(a damaged header); its steps were read as a headerless file's"
+        )
+    return f"rank {rank}: its file has no header line"
+
+
 def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
     """Sentences about one rank file's gaps and events, and its trace-max-steps message."""
     rank = data.rank
@@ -18,12 +32,7 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
         return [f"rank {rank}: its file cannot be read ({data.unreadable})"], None
     notes.extend(_damage_notes(data))
     if data.header is None:
-        if data.bad_lines and data.step_count == 0:
-            notes.append(f"rank {rank}: its file holds no readable record")
-        elif data.step_count == 0 and not data.events and data.footer is None:
-            notes.append(f"rank {rank}: its file is empty (the process ended before training)")
-        else:
-            notes.append(f"rank {rank}: its file has no header line")
+        notes.append(_no_header_note(data))
     if data.truncated_tail:
         notes.append(
             f"rank {rank}: the last line was cut short (the process was probably killed); "
@@ -112,7 +121,9 @@ def dedupe_rank_notes(notes: list[str], ranks: int) -> list[str]:
     result = []
     for key in order:
         group = by_text[key]
-        if ranks > 1 and len(group) == ranks and group[0] != key:
+        # Every rank said it, not one rank several times: count the distinct rank prefixes.
+        said_by = {note.partition(": ")[0] for note in group}
+        if ranks > 1 and len(said_by) == ranks and group[0] != key:
             result.append(f"all {ranks} ranks: {key}")
         else:
             result.extend(group)

@@ -26,7 +26,16 @@ from traceml.analysis.rankfile import scan_rank_files
 from traceml.analysis.reduce_rank import summarise_ranks
 from traceml.files import write_atomically
 
-_PART_KEYS = ("entry", "sketches", "notes", "max_steps_message", "status", "header", "inputs")
+_PART_KEYS = (
+    "entry",
+    "sketches",
+    "share_sums",
+    "notes",
+    "max_steps_message",
+    "status",
+    "header",
+    "inputs",
+)
 
 
 def partial_path(run_dir: Path, node: int) -> Path:

@@ -65,6 +65,9 @@ class RankRecords:
     bad_values: int = 0
     bad_header_fields: list[str] = field(default_factory=list)
     unreadable: str | None = None  # why the file could not be read at all
+    # A header whose schema is not traceml's (repr): a run none of whose files has a good
+    # header is refused (not traceml's files); otherwise this rank reads as headerless.
+    bad_schema: str | None = None
     # Steps written compact (rank schema 1.3+: absent fields are defaults or null); a file
     # without a readable header is read as the current writer writes.
     compact: bool = True
@@ -251,8 +254,11 @@ def _sort_records(data: RankRecords, parsed: list[dict[str, Any] | None], cut_ta
             else:
                 steps.extend(rows)
         elif kind == schema.KIND_HEADER and data.header is None:
-            data.compact = _check_rank_schema(record, data.path)
-            data.header = record
+            compact = _check_rank_schema(record, data.path)
+            if compact is None:  # a damaged header: its steps are read as if it were absent
+                data.bad_schema = repr(record.get(schema.SCHEMA))
+                continue
+            data.compact, data.header = compact, record
         elif kind == schema.KIND_EVENT:
             data.events.append(record)
         elif kind == schema.KIND_FOOTER:
@@ -318,15 +324,15 @@ def _zero_where_measured(
         ]
 
 
-def _check_rank_schema(header: dict[str, Any], path: Path) -> bool:
-    """Refuse a file this traceml cannot read; whether its steps are compact (schema 1.3+)."""
+def _check_rank_schema(header: dict[str, Any], path: Path) -> bool | None:
+    """Refuse a file a newer traceml wrote; whether its steps are compact (schema 1.3+);
+    None for a header whose schema is damaged or never existed (one rank's damaged header
+    leaves the other ranks' report whole: the reducer notes the bad line)."""
     family, supported_major = schema.family_and_major(schema.RANK_SCHEMA)
     major = schema.schema_major(header.get(schema.SCHEMA), family)
-    if major is None:
-        raise ReduceError(
-            f"{path} is not a traceml rank file (schema {header.get(schema.SCHEMA)!r})"
-        )
-    if not 1 <= major <= supported_major:
+    if major is None or major < 1:
+        return None
+    if major > supported_major:
         raise ReduceError(
             f"{path} has schema {header.get(schema.SCHEMA)}; this traceml reads "
             f"{family}/{supported_major}.x and older (install the traceml version that "

@@ -33,6 +33,7 @@ STAT_FIELDS: tuple[str, ...] = (
     *schema.GPU_COMM_FIELDS,
     *OWN_FIELDS,
     schema.TRACEML_COST_US,
+    schema.MICROBATCHES,  # the input advice's batches per step (gradient accumulation)
 )
 
 
@@ -60,10 +61,7 @@ def _derive_own(columns: dict[str, list[Any]]) -> None:
     if any(value is not None for value in comm):
         columns[schema.OWN_MS] = _minus(steps, comm)
     else:
-        columns[schema.OWN_MS] = [
-            None if step is None else step - (backward or 0.0)
-            for step, backward in zip(steps, columns[schema.BACKWARD], strict=True)
-        ]
+        columns[schema.OWN_MS] = _minus(steps, columns[schema.BACKWARD])
     for phase, own in schema.OWN_OF_PHASE.items():
         columns[own] = _minus(columns[phase], columns[schema.COMM_OF_PHASE[phase]])
     _derive_gpu_own(columns)
@@ -118,8 +116,11 @@ def _timeline(columns: dict[str, list[Any]], warmup: int) -> dict[str, Any]:
     return {"steps_per_bin": per_bin, "warmup_steps": warmup, "bins": bins}
 
 
-def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[str, stats.Sketch]]:
-    """One rank's summary entry, and the sketches its analysed steps add to the overall view."""
+def reduce_rank(
+    data: RankRecords, warmup: int
+) -> tuple[dict[str, Any], dict[str, stats.Sketch], dict[str, list[float]]]:
+    """One rank's summary entry, and the sketches and share sums its analysed steps add to the
+    overall view."""
     columns = dict(data.columns)
     _derive_own(columns)
     count = data.step_count
@@ -141,7 +142,6 @@ def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[st
     }
     phase_stats: dict[str, Any] = {}
     sketches: dict[str, stats.Sketch] = {}
-    sums: dict[str, float] = {}
     for fieldname in STAT_FIELDS:
         values = sorted(_present(columns[fieldname][skipped:]))
         if not values:
@@ -149,8 +149,8 @@ def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[st
             continue
         phase_stats[fieldname] = stats.describe_sorted(values)
         sketches[fieldname] = stats.sketch_sorted(values)
-        sums[fieldname] = phase_stats[fieldname]["sum"]
     entry[schema.PHASE_STATS] = phase_stats
+    sums = share_sums(columns, skipped)
     entry[schema.SHARES] = shares_from_sums(sums)
     step_stats = phase_stats.get(schema.STEP)
     entry[schema.STEPS_PER_S] = (
@@ -165,7 +165,7 @@ def reduce_rank(data: RankRecords, warmup: int) -> tuple[dict[str, Any], dict[st
     entry[schema.AFTER_LAST_STEP_MS] = _after_last_step(header, footer, last_end)
     entry[schema.TIMELINE] = _timeline(columns, skipped)
     entry[schema.TELEMETRY] = resources.rank_telemetry(columns, data.samples, data.header, skipped)
-    return entry, sketches
+    return entry, sketches, sums
 
 
 def _step_span(columns: dict[str, list[Any]]) -> tuple[float | None, float | None]:
@@ -174,7 +174,12 @@ def _step_span(columns: dict[str, list[Any]]) -> tuple[float | None, float | Non
     if not starts or starts[0] is None or starts[-1] is None:
         return None, None
     end = starts[-1] + (columns[schema.STEP][-1] or 0.0)
-    return max(0.0, end - starts[0]), end
+    first = starts[0]
+    if None not in starts and not first <= starts[-1] == max(starts):
+        # Records out of order (the reducer notes it): the span is still earliest to latest.
+        first = min(starts)
+        end = max(s + (t or 0.0) for s, t in zip(starts, columns[schema.STEP], strict=True))
+    return max(0.0, end - first), end
 
 
 def _after_last_step(
@@ -226,27 +231,56 @@ def _not_traced_reason(data: RankRecords) -> str | None:
     return None
 
 
-def shares_from_sums(sums: dict[str, float]) -> dict[str, float | None]:
-    total = sums.get(schema.STEP)
+# Each share's numerator field and the field it divides by.
+SHARE_OF: dict[str, str] = {
+    **{phase: schema.STEP for phase in schema.PHASES},
+    schema.COMM: schema.STEP,
+    **{own: schema.STEP for own in schema.OWN_OF_PHASE.values()},
+    schema.GPU_COMM: schema.GPU_STEP,
+    **{name: schema.GPU_STEP for name in schema.GPU_FIELDS if name != schema.GPU_STEP},
+    **{own: schema.GPU_STEP for own in schema.GPU_OWN_OF_PHASE.values()},
+}
+_SHARE_KEY = {schema.COMM: schema.COMM_SHARE, schema.GPU_COMM: schema.GPU_COMM_SHARE}
+
+
+def _paired_sums(values: list[Any], totals: list[Any]) -> list[float] | None:
+    """``[sum of values, sum of totals]`` over the steps where both are measured: a share of
+    the step is then a share of the same steps (a step whose time is unknown cannot be the
+    denominator of a phase measured in it). None when no step has both."""
+    if None not in values and None not in totals:
+        return [math.fsum(values), math.fsum(totals)] if values else None
+    pairs = [(v, t) for v, t in zip(values, totals, strict=True) if v is not None and t is not None]
+    if not pairs:
+        return None
+    return [math.fsum(v for v, _ in pairs), math.fsum(t for _, t in pairs)]
+
+
+def share_sums(columns: dict[str, list[Any]], skipped: int) -> dict[str, list[float]]:
+    """The analysed steps' paired sums of every share (see :func:`_paired_sums`)."""
+    sums: dict[str, list[float]] = {}
+    for fieldname, total in SHARE_OF.items():
+        paired = _paired_sums(columns[fieldname][skipped:], columns[total][skipped:])
+        if paired is not None:
+            sums[fieldname] = paired
+    return sums
+
+
+def add_share_sums(into: dict[str, list[float]], sums: dict[str, Any]) -> None:
+    """``sums`` (one rank's :func:`share_sums`) added into ``into`` (the run's)."""
+    for fieldname, (value, total) in sums.items():
+        known = into.setdefault(fieldname, [0.0, 0.0])
+        known[0] += value
+        known[1] += total
+
+
+def shares_from_sums(sums: dict[str, Any]) -> dict[str, float | None]:
+    """Every share from :func:`share_sums`; null where nothing was measured or the
+    denominator is zero."""
     shares: dict[str, float | None] = {}
-    for phase in schema.PHASES:
-        value = sums.get(phase)
-        shares[phase] = value / total if (value is not None and total) else None
-    comm = sums.get(schema.COMM)
-    shares[schema.COMM_SHARE] = comm / total if (comm is not None and total) else None
-    for own in schema.OWN_OF_PHASE.values():
-        value = sums.get(own)
-        shares[own] = value / total if (value is not None and total) else None
-    gpu_comm, gpu_total = sums.get(schema.GPU_COMM), sums.get(schema.GPU_STEP)
-    shares[schema.GPU_COMM_SHARE] = (
-        gpu_comm / gpu_total if (gpu_comm is not None and gpu_total) else None
-    )
-    for fieldname in schema.GPU_FIELDS:
-        if fieldname == schema.GPU_STEP:
-            continue
-        value = sums.get(fieldname)
-        gpu_total = sums.get(schema.GPU_STEP)
-        shares[fieldname] = value / gpu_total if (value is not None and gpu_total) else None
+    for fieldname in SHARE_OF:
+        paired = sums.get(fieldname)
+        key = _SHARE_KEY.get(fieldname, fieldname)
+        shares[key] = paired[0] / paired[1] if paired is not None and paired[1] else None
     return shares
 
 
@@ -260,10 +294,12 @@ def summarise_records(data: RankRecords, warmup: int) -> dict[str, Any]:
     """:func:`summarise_rank` for records already in memory (the live view's window)."""
     clean_records(data)
     notes, max_steps_message = rank_notes(data)
-    entry, sketches = reduce_rank(data, warmup)
+    entry, sketches, sums = reduce_rank(data, warmup)
     return {
         "entry": entry,
         "sketches": sketches,
+        "share_sums": sums,
+        "bad_schema": None if data.bad_schema is None else (str(data.path), data.bad_schema),
         "notes": notes,
         "max_steps_message": max_steps_message,
         "status": (data.footer or {}).get(schema.STATUS),

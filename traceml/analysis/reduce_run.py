@@ -29,6 +29,7 @@ from traceml.analysis.partials import LoadedPartials, load_partials, missing_par
 from traceml.analysis.rankfile import RankRecords, scan_rank_files
 from traceml.analysis.reduce_rank import (
     STAT_FIELDS,
+    add_share_sums,
     max_or_none,
     shares_from_sums,
     summarise_ranks,
@@ -150,6 +151,8 @@ class _RunTotals:
         self.inputs: list[dict[str, Any]] = []
         self.read_nodes: set[int] = set()
         self.sketches: dict[int, NodeSketches] = {}
+        self.share_sums: dict[str, list[float]] = {}
+        self.bad_schema: tuple[str, str] | None = None  # (path, schema) of a foreign header
         self.approximate = False  # set with the run's quantiles (see _overall)
         self.jobs = 1
 
@@ -166,6 +169,8 @@ class _RunTotals:
             self.read_nodes.add(node_of(part["header"]))
             self.series.add(part["job_series"], node_of(part["header"]))
         self.inputs.extend(part.get("inputs") or [])
+        self.bad_schema = self.bad_schema or part.get("bad_schema")
+        add_share_sums(self.share_sums, part["share_sums"])
         node = node_of(part["header"])
         for fieldname, described in entry[schema.PHASE_STATS].items():
             if described is None:
@@ -175,8 +180,36 @@ class _RunTotals:
             if sketch is not None:  # (a node's partial brings its node's sketches instead)
                 self.sketches.setdefault(node, NodeSketches()).add(fieldname, sketch)
 
+    def refuse_if_foreign(self) -> None:
+        """No file of the run has a traceml header and one has another schema: not a run."""
+        if self.bad_schema and not self.headers:
+            path, value = self.bad_schema
+            raise ReduceError(f"{path} is not a traceml rank file (schema {value})")
+
     def steps(self, key: str) -> int:
         return sum(e[key] for e in self.entries)
+
+
+def _totals_of(
+    parts: Iterable[dict[str, Any]],
+    notes: list[str] | None,
+    partials: LoadedPartials | None,
+    jobs: int,
+) -> _RunTotals:
+    totals = _RunTotals()
+    totals.jobs = jobs
+    totals.notes.extend(notes or [])
+    for node, series in (partials.series if partials else {}).items():
+        totals.series.add_node(node, series)
+    totals.sketches.update(partials.sketches if partials else {})
+    for part in parts:
+        totals.add(part)
+    totals.refuse_if_foreign()
+    if partials is not None:
+        note = missing_partials_note(partials, totals.read_nodes)
+        if note:
+            totals.notes.append(note)
+    return totals
 
 
 def _summary_from_parts(
@@ -191,18 +224,7 @@ def _summary_from_parts(
     partials: LoadedPartials | None = None,
     jobs: int = 1,
 ) -> dict[str, Any]:
-    totals = _RunTotals()
-    totals.jobs = jobs
-    totals.notes.extend(notes or [])
-    for node, series in (partials.series if partials else {}).items():
-        totals.series.add_node(node, series)
-    totals.sketches.update(partials.sketches if partials else {})
-    for part in parts:
-        totals.add(part)
-    if partials is not None:
-        note = missing_partials_note(partials, totals.read_nodes)
-        if note:
-            totals.notes.append(note)
+    totals = _totals_of(parts, notes, partials, jobs)
     world_size = _world_size(totals.headers, found)
     missing = _missing_ranks(world_size, found)
     skipped = max((e[schema.SUMMARY_WARMUP] for e in totals.entries), default=0)
@@ -301,10 +323,9 @@ def _overall(totals: _RunTotals) -> dict[str, Any]:
             distributions[fieldname] = [round(at[p], 6) for p in ps]
     step_stats = phase_stats.get(schema.STEP)
     entries = totals.entries
-    sums = {name: field_totals.total for name, field_totals in totals.fields.items()}
     return {
         schema.PHASE_STATS: phase_stats,
-        schema.SHARES: shares_from_sums(sums),
+        schema.SHARES: shares_from_sums(totals.share_sums),
         schema.STEPS_PER_S: (
             1000.0 / step_stats["mean"] if step_stats and step_stats["mean"] > 0 else None
         ),

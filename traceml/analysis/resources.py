@@ -32,7 +32,9 @@ def _numbers(records: list[dict[str, Any]], key: str) -> list[float]:
     return [
         value
         for record in records
-        if type(value := record.get(key)) in (int, float) and math.isfinite(value)
+        # Telemetry is never negative (percentages, bytes, counts): a negative value is a
+        # damaged sample, unmeasured, not 100% of memory in use.
+        if type(value := record.get(key)) in (int, float) and math.isfinite(value) and value >= 0
     ]
 
 
