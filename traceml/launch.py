@@ -1,9 +1,8 @@
 """``traceml run``: run the user's script traced, as ``python`` or ``torchrun`` would, then report.
 
-The child runs in its own process group, so a signal reaches all of it (torchrun's agent, the
-workers, their DataLoader workers) and nothing is left behind when it ends. When the launcher
-owns the terminal, the child's group gets the foreground: Ctrl-C, ``input()`` and ``pdb`` work
-as with plain ``python``. The exit code is the script's; 130 / 143 after SIGINT / SIGTERM.
+The child runs in its own process group, with the terminal's foreground when the launcher has
+it: Ctrl-C, Ctrl-Z, ``input()`` and ``pdb`` work as with plain ``python``, and the exit status
+is the script's (its code, or death by the signal that killed it): ``traceml.launch_child``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import argparse
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -23,16 +21,17 @@ import orjson
 
 from traceml import schema
 from traceml.errors import LaunchError
+from traceml.launch_child import die_like, run_child
 from traceml.settings import (
     Settings,
+    SettingsError,
     is_valid_run_name,
+    load_settings,
     make_launch_stamp,
     sanitize_run_name,
     settings_to_env,
 )
 from traceml.versions import package_versions
-
-KILL_GRACE_S = 30.0
 
 
 def _utc_now() -> str:
@@ -71,6 +70,8 @@ def validate(args: argparse.Namespace) -> None:
             raise LaunchError(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.node_rank < args.nnodes:
         raise LaunchError(f"--node-rank must be between 0 and {args.nnodes - 1}")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise LaunchError("--master-port must be between 1 and 65535")
     if args.trace_max_steps is not None and args.trace_max_steps < 1:
         raise LaunchError("--trace-max-steps must be at least 1")
     if not str(args.logs_dir).strip():
@@ -80,6 +81,16 @@ def validate(args: argparse.Namespace) -> None:
             f"--run-name {args.run_name!r} is not a safe run name "
             "(letters, digits, '.', '_' and '-' only, at most 128 characters)"
         )
+
+
+def _check_environment(settings: Settings) -> None:
+    """The script's TRACEML_* variables (the user's, with the launcher's on top) as its
+    tracing will read them: a bad one is this command's one-line error, before anything
+    runs, not a warning from inside the training followed by an empty report."""
+    try:
+        load_settings({**os.environ, **settings_to_env(settings)})
+    except SettingsError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Settings:
@@ -102,10 +113,12 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     validate(args)
     live_interval_s, live_collect_s = live_timing(args)
     settings = make_settings(args, thresholds)
+    _check_environment(settings)
     run_dir = settings.run_dir
     is_node_zero = args.node_rank == 0
     if is_node_zero:
-        _create_run_dir(run_dir)
+        settings = _create_run_dir(settings)
+        run_dir = settings.run_dir
     command = build_child_command(args)
     env = dict(os.environ)
     env.update(settings_to_env(settings))
@@ -120,7 +133,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     finally:
         if monitor is not None:
             monitor.stop()  # before anything else is printed: the panel gives its rows back
-    exit_code = exit_code_for(returncode, received)
+    exit_code = exit_code_for(returncode)
 
     manifest.update(
         ended_at=_utc_now(),
@@ -136,21 +149,39 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
             "node 0 writes the report",
             file=sys.stderr,
         )
+        die_like(returncode)
         return exit_code
     _write_manifest(run_dir, manifest)
     from traceml.launch_report import report_run
 
     exit_code = report_run(args, settings, received, exit_code)
+    die_like(returncode)
     return exit_code
 
 
-def _create_run_dir(run_dir: Path) -> None:
-    if run_dir.exists():
-        raise LaunchError(f"run directory {run_dir} already exists; choose another --run-name")
+def _create_run_dir(settings: Settings) -> Settings:
+    """Create the run's directory; a derived name taken already (two launches in the same
+    second) gets the first free suffix (``-2``, ``-3``...): only a chosen --run-name is
+    refused when its directory exists."""
     try:
-        (run_dir / schema.RANKS_DIR).mkdir(parents=True)
+        settings.logs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise LaunchError(f"cannot create {run_dir}: {exc.strerror or exc}") from None
+        raise LaunchError(f"cannot create {settings.logs_dir}: {exc.strerror or exc}") from None
+    for attempt in range(1, 1000 if not settings.run_name_explicit else 2):
+        name = settings.run_name if attempt == 1 else f"{settings.run_name}-{attempt}"
+        candidate = settings.replace(run_name=name)
+        try:
+            candidate.run_dir.mkdir()  # atomic: of two launches, one creates it
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise LaunchError(f"cannot create {candidate.run_dir}: {exc.strerror or exc}") from None
+        try:
+            (candidate.run_dir / schema.RANKS_DIR).mkdir()
+        except OSError as exc:
+            raise LaunchError(f"cannot create {candidate.run_dir}: {exc.strerror or exc}") from None
+        return candidate
+    raise LaunchError(f"run directory {settings.run_dir} already exists; choose another --run-name")
 
 
 def _start_manifest(
@@ -234,84 +265,7 @@ def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
         )
 
 
-def exit_code_for(returncode: int, received: int | None) -> int:
-    if received is not None:
-        return 128 + received
-    if returncode < 0:
-        return 128 - returncode
-    return returncode
-
-
-# ----------------------------------------------------------------------------------------------
-# The child process
-
-
-def run_child(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
-    """Run ``command`` in its own process group; forward SIGINT/SIGTERM to the whole group.
-
-    Returns the child's return code and the signal the launcher received (or None).
-    """
-    received: list[int] = []
-    popen_kwargs: dict[str, Any] = {"env": env}
-    if sys.version_info >= (3, 11):
-        popen_kwargs["process_group"] = 0
-    else:  # pragma: no cover - Python 3.10
-        popen_kwargs["preexec_fn"] = os.setpgrp
-    child = subprocess.Popen(command, **popen_kwargs)
-    terminal = _hand_terminal_to(child.pid)
-
-    def forward(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        returncode = _wait(child, received)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _take_terminal_back(terminal)
-        # Anything the script left running in its group (DataLoader workers, torchrun
-        # workers whose agent died) goes with it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
-    return returncode, (received[0] if received else None)
-
-
-def _wait(child: subprocess.Popen, received: list[int]) -> int:
-    deadline = None
-    while True:
-        try:
-            return child.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
-        if received and deadline is None:
-            deadline = time.monotonic() + KILL_GRACE_S
-        if deadline is not None and time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
-
-
-def _hand_terminal_to(pgid: int) -> int | None:
-    """Give the terminal's foreground to the child's group, as a shell does for a job."""
-    try:
-        fd = sys.stdin.fileno()
-        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
-            return None
-        os.tcsetpgrp(fd, pgid)
-        return fd
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _take_terminal_back(fd: int | None) -> None:
-    if fd is None:
-        return
-    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    try:
-        os.tcsetpgrp(fd, os.getpgrp())
-    except OSError:
-        pass
-    finally:
-        signal.signal(signal.SIGTTOU, previous)
+def exit_code_for(returncode: int) -> int:
+    """The script's exit code; 128 + N for a script killed by signal N (as a shell shows it,
+    for the manifest and the report: the launcher itself then ends by that signal)."""
+    return 128 - returncode if returncode < 0 else returncode

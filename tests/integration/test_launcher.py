@@ -126,7 +126,10 @@ def test_script_that_raises_after_three_steps(tmp_path, tiny):
     assert "the script exited with code 1" in result.stdout
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+# The launcher's exit status is the script's, as untraced (measured: this script sent SIGTERM
+# exits 0, Lightning's graceful end; sent SIGINT, 1: "Detected KeyboardInterrupt"). It was
+# 143 / 130 whatever the script did. A script killed by the signal: test_launcher_signals.py.
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 1)])
 def test_signal_gives_a_partial_report_and_no_orphans(tmp_path, tiny, sig, code):
     env = clean_env(TINY_BATCHES=1000, TINY_STEP_SLEEP_MS=20, TINY_VALIDATE=0, TINY_NUM_WORKERS=2)
     process = subprocess.Popen(
