@@ -45,7 +45,7 @@ def report_run(
             "status": schema.RUN_INTERRUPTED if received is not None else None,
         }
         # Several nodes: each reduces its own ranks into a partial; node 0 merges them.
-        summary, text = (
+        _summary, text = (
             summarise_nodes(run_dir, args.nnodes, args.report_wait, **options)
             if args.nnodes > 1
             else summarise(run_dir, **options)
@@ -70,18 +70,9 @@ def report_run(
         from traceml.files import display_path
 
         print(f"traceml: wrote {display_path(run_dir / schema.REPORT_HTML)}", file=sys.stderr)
-    if received is None and exit_code != 0 and _was_keyboard_interrupt(summary):
-        return 130
+    # The script's own exit status, whatever stopped it: a Lightning fit that ends gracefully
+    # on Ctrl-C exits 1 untraced, a script that KeyboardInterrupt kills dies of SIGINT.
     return exit_code
-
-
-def _was_keyboard_interrupt(summary: dict[str, Any]) -> bool:
-    """Whether a rank stopped on Ctrl-C (the terminal sent SIGINT to the script's group, not
-    to the launcher): the exit code is then 130, as for plain ``python``."""
-    return any(
-        entry.get(schema.ERROR_TYPE) == schema.ERROR_TYPE_KEYBOARD_INTERRUPT
-        for entry in summary.get(schema.SUMMARY_RANKS) or []
-    )
 
 
 def reduce_this_node(args: argparse.Namespace, settings: Settings, launched_at: float) -> None:

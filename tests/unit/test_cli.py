@@ -71,24 +71,6 @@ def test_script_args_after_args_are_untouched():
     assert tail == ["--html", "-m", "x"]
 
 
-def test_ctrl_c_is_read_from_the_rank_status_not_found_in_note_text(tmp_path):
-    # Was: any note containing "KeyboardInterrupt" made `traceml run` exit 130.
-    from traceml.analysis.reduce import reduce_run
-    from traceml.launch_report import _was_keyboard_interrupt
-
-    from rankfiles import step
-
-    def summary_with(error):
-        run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
-        records = [header(), *[step(i, forward=5) for i in range(5)]]
-        write_rank(run_dir, 0, [*records, footer(5, status="interrupted", error=error)])
-        return reduce_run(run_dir)
-
-    assert _was_keyboard_interrupt(summary_with("KeyboardInterrupt"))
-    assert not _was_keyboard_interrupt(summary_with("RuntimeError: caught KeyboardInterrupt"))
-    assert not _was_keyboard_interrupt(summary_with(None))
-
-
 def test_user_errors_map_to_their_exit_code_in_main_only(monkeypatch, capsys):
     from traceml import errors
 
