@@ -123,6 +123,7 @@ class Module(pl.LightningModule):
         self.model = Net()
         self.seen = 0
         self.batch_end_dispatches = -1
+        self.traceml_callbacks = 0
         self.leaked: list[torch.Tensor] = []
         self.lr = 0.01
         if os.environ.get("TINY_MANUAL"):
@@ -134,11 +135,10 @@ class Module(pl.LightningModule):
         # overhead benchmarks run this script, and this loop is not traceml's cost.
         if batch_idx:
             return
-        self.batch_end_dispatches = sum(
-            callable(cb.on_train_batch_end)
-            for cb in self.trainer.callbacks
-            if "StepCallback" in type(cb).__name__
-        )
+        ours = [cb for cb in self.trainer.callbacks if "StepCallback" in type(cb).__name__]
+        self.batch_end_dispatches = sum(callable(cb.on_train_batch_end) for cb in ours)
+        # During the fit: traceml's callback leaves trainer.callbacks when fit returns.
+        self.traceml_callbacks = len(ours)
 
     def training_step(self, batch, batch_idx):
         self.seen += 1
@@ -317,14 +317,12 @@ def main() -> int:
     # sometimes abort the process ("terminate called without an active exception").
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    callbacks = [
-        type(cb).__name__ for cb in trainer.callbacks if "StepCallback" in type(cb).__name__
-    ]
     extra = ""
     if OPTIMIZER != "sgd":
         extra = f" forward_calls={module.model.training_calls}"
     print(
-        f"TINY_RESULT global_step={trainer.global_step} traceml_callbacks={len(callbacks)}"
+        f"TINY_RESULT global_step={trainer.global_step}"
+        f" traceml_callbacks={module.traceml_callbacks}"
         f" batch_end_dispatches={module.batch_end_dispatches}{extra}"
     )
     return env_int("TINY_EXIT_CODE", 0)

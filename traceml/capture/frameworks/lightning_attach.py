@@ -14,6 +14,7 @@ from typing import Any
 
 from traceml.capture import claim
 from traceml.capture.guard import entry_point
+from traceml.capture.lifecycle import FINAL
 from traceml.settings import Settings
 
 from .lightning import StepTiming
@@ -103,14 +104,16 @@ def attach_before_fit(trainer: Any) -> None:
     "lightning.Trainer.fit_done", "the Trainer.fit wrapper, after the user's fit", owner_arg=-1
 )
 def fit_done(trainer: Any) -> None:
-    """traceml's callback out of ``trainer.callbacks`` once the fit is over (its session is
-    finished by then), so that the trainer is as untraced after it: its callbacks' types,
+    """traceml's callback out of ``trainer.callbacks`` once the fit is over and its session
+    finished, so that the trainer is as untraced after it: its callbacks' types,
     pickling the trainer. Not from the callback's own teardown: Lightning is iterating over the
     list then. A later fit of this trainer is a second training (``claim.finished``)."""
     callbacks = getattr(trainer, "callbacks", None)
     if not isinstance(callbacks, list):
         return
-    ours = [c for c in callbacks if isinstance(c, StepTiming)]
+    # Only once its session is over: a tuner's fit (lr_find, scale_batch_size) leaves it
+    # waiting, idle, for the training's fit that follows on the same trainer.
+    ours = [c for c in callbacks if isinstance(c, StepTiming) and c.session.life.state in FINAL]
     if ours:
         claim.finished(trainer)
         for callback in ours:
