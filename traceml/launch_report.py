@@ -64,8 +64,10 @@ def report_run(
     if settings.report:
         from traceml.present.report import for_terminal
 
-        sys.stderr.flush()
-        print(for_terminal(text), end="", flush=True)
+        # On stderr, as time(1) and profilers print theirs: the script's stdout stays its own
+        # (`traceml run gen.py > data.csv` holds the script's lines only).
+        sys.stdout.flush()
+        print(for_terminal(text), end="", file=sys.stderr, flush=True)
     if settings.html:
         from traceml.files import display_path
 

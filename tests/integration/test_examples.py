@@ -48,7 +48,7 @@ def run_compare_example(tmp_path):
         assert not list((tmp_path / f"out{workers}").rglob("*.pth"))  # cleaned up, as said
         verdict = primary_verdict(tmp_path / "logs" / f"workers{workers}")
         assert verdict != schema.VERDICT_INSUFFICIENT_DATA
-        assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
+        assert result.stderr.rstrip().splitlines()[-1].startswith("Summary: ")
         summary_path = tmp_path / "logs" / f"workers{workers}" / schema.SUMMARY_JSON
         summary = json.loads(summary_path.read_text())
         assert summary["setup"]["num_workers"] == workers

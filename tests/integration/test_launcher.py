@@ -73,9 +73,10 @@ def test_single_process_run(tmp_path, tiny):
     summary = json.loads((run_dir / "final_summary.json").read_text())
     assert summary["steps_recorded"] == 14
     assert (run_dir / "final_summary.txt").is_file() and (run_dir / "report.html").is_file()
-    # The report is the last thing printed.
-    assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
-    assert "Verdict:" in result.stdout
+    # The report comes on stderr (the script's stdout stays its own), the HTML's path after it.
+    assert result.stderr.rstrip().splitlines()[-2].startswith("Summary: ")
+    assert "traceml: wrote " in result.stderr.rstrip().splitlines()[-1]
+    assert "Verdict:" in result.stderr and "Verdict:" not in result.stdout
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["exit_code"] == 0
     assert manifest["child_command"][-1] == "--ignored-by-tiny"
@@ -102,7 +103,7 @@ def test_module_launch_no_report_and_the_exit_code(tmp_path, tiny):
         tmp_path,
     )
     assert result.returncode == 3, result.stderr
-    assert "Verdict:" not in result.stdout
+    assert "Verdict:" not in result.stdout + result.stderr
     assert len(steps_of(rank_records(tmp_path / "logs" / "mod"))) == 3
 
 
@@ -122,8 +123,8 @@ def test_script_that_raises_after_three_steps(tmp_path, tiny):
     summary = json.loads((tmp_path / "logs" / "boom" / "final_summary.json").read_text())
     assert summary["status"] == "failed"
     assert summary["steps_recorded"] == 3
-    assert "training failed after 3 steps" in result.stdout
-    assert "the script exited with code 1" in result.stdout
+    assert "training failed after 3 steps" in result.stderr
+    assert "the script exited with code 1" in result.stderr
 
 
 # The launcher's exit status is the script's, as untraced (measured: this script sent SIGTERM
@@ -148,9 +149,9 @@ def test_signal_gives_a_partial_report_and_no_orphans(tmp_path, tiny, sig, code)
         time.sleep(0.1)
     assert len(leftovers(tmp_path)) >= 3  # launcher, script, two DataLoader workers
     process.send_signal(sig)
-    stdout, _stderr = process.communicate(timeout=120)
+    _stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == code
-    assert f"received {sig.name}" in stdout
+    assert f"received {sig.name}" in stderr
     summary = json.loads((tmp_path / "logs" / "term" / "final_summary.json").read_text())
     assert summary["steps_recorded"] >= 4
     assert summary["status"] == "interrupted"
@@ -182,8 +183,8 @@ def test_two_ranks_under_traceml_run(tmp_path, tiny):
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     # 12 batches split by the DistributedSampler: 6 optimizer steps per rank.
     assert [r["steps_recorded"] for r in summary["ranks"]] == [6, 6]
-    assert "Per rank (median ms per step)" in result.stdout
-    assert result.stdout.count("Verdict:") == 1
+    assert "Per rank (median ms per step)" in result.stderr
+    assert result.stderr.count("Verdict:") == 1
     assert_no_orphans(tmp_path)
 
 
@@ -235,7 +236,7 @@ def test_two_nodes_simulated_on_one_machine(tmp_path, tiny):
     summary = json.loads((run_dir / "final_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["ranks_missing"] == []
     assert sorted(r["node_rank"] for r in summary["ranks"]) == [0, 1]
-    assert "Verdict:" in outputs[0][0]
+    assert "Verdict:" in outputs[0][1] and "Verdict:" not in outputs[0][0]  # on stderr
     assert "node 1 finished" in outputs[1][1]
     # Each node reduced its own rank into a partial; node 0 merged them (no fallback note).
     partials = sorted(p.name for p in (run_dir / "partials").iterdir())

@@ -280,7 +280,7 @@ def test_direct_launch_prints_the_report_at_exit(tmp_path):
     )
     result = run([PYTHON, TINY], env, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("Verdict:") == 1
+    assert result.stderr.count("Verdict:") == 1 and "Verdict:" not in result.stdout
     run_dir = next((tmp_path / "logs").iterdir())
     assert run_dir.name.startswith("tiny_lightning-")
     assert (run_dir / "final_summary.json").is_file()

@@ -81,9 +81,9 @@ def test_run_with_stderr_piped_prints_plain_periodic_lines(tmp_path, tiny):
     counts = [steps_in(line) for line in with_steps]
     assert counts == sorted(counts) and counts[-1] > counts[0]  # the lines follow the run
     assert any("provisional verdict (last " in line for line in lines), result.stderr
-    # The end-of-run report is untouched: still the last thing on stdout.
-    assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: ")
-    assert "Verdict: RESIDUAL-HEAVY" in result.stdout
+    # The end-of-run report is untouched: the last thing on stderr, after the live lines.
+    assert result.stderr.rstrip().splitlines()[-1].startswith("Summary: ")
+    assert "Verdict: RESIDUAL-HEAVY" in result.stderr
 
 
 def test_no_live_prints_no_live_lines(tmp_path, tiny):
@@ -239,7 +239,7 @@ def test_run_in_a_terminal_redraws_a_panel_below_the_scripts_output(tmp_path, ti
     done = max(i for i, line in enumerate(lines) if line.startswith("TRACEML_DONE="))
     assert lines[done] == "TRACEML_DONE=0"
     report = "\n".join(lines[:done])
-    assert "TINY_RESULT global_step=60 traceml_callbacks=1" in report
+    assert "TINY_RESULT global_step=60 traceml_callbacks=1" in report, history
     assert "Phase breakdown per optimizer step (after warm-up)" in report
     assert lines[done - 1].startswith("Summary: ")
     after_panel = report[report.index("Verdict: ") :]

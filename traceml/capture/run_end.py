@@ -62,9 +62,16 @@ def node_partial_in_child(settings: Any, node: int) -> None:
     )
 
 
+def _stderr_fd() -> int:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a replaced sys.stderr: the process's own
+        return 2
+
+
 def _run_child(command: list[str], failure: str) -> None:
-    """Run ``command`` (stdout on this terminal), wait; one warning line when it fails, with
-    the child's own one-line error in it (never two lines for one failure)."""
+    """Run ``command`` (its stdout on this process's stderr), wait; one warning line when it
+    fails, with the child's own one-line error in it (never two lines for one failure)."""
     env = dict(os.environ)
     env["TRACEML"] = "0"  # the child only reads files: the report itself is not traced
     for stream in (sys.stdout, sys.stderr):
@@ -72,9 +79,10 @@ def _run_child(command: list[str], failure: str) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    # The report on this process's stderr: the script's stdout stays its own.
     completed = subprocess.run(
-        command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        check=False,
+        command, env=env, stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
+        stderr=subprocess.PIPE, text=True, check=False,
     )  # fmt: skip
     if completed.returncode == 0:
         if completed.stderr:
