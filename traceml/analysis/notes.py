@@ -130,7 +130,7 @@ def dedupe_rank_notes(notes: list[str], ranks: int) -> list[str]:
     return result
 
 
-def _rank_ranges(ranks: list[int], most: int = 20) -> str:
+def rank_ranges(ranks: list[int], most: int = 20) -> str:
     """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8" (the first ``most`` runs, then how many more)."""
     runs: list[list[int]] = []
     for rank in ranks:
@@ -143,7 +143,7 @@ def _rank_ranges(ranks: list[int], most: int = 20) -> str:
 
 
 def missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) -> str:
-    ranks = _rank_ranges(missing)
+    ranks = rank_ranges(missing)
     per_node = None
     for header in headers.values():
         if (

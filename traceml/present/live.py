@@ -85,12 +85,30 @@ def watch(
     interval = interval_s or interval_from_env() or DEFAULT_INTERVAL_S
     collect = collect_s if collect_s is not None else collect_from_env()
     collect = DEFAULT_COLLECT_S if collect is None else collect
+    # Ctrl-C may come at any point, the first read of a large run or the final report
+    # included: always the same one line, never a traceback.
+    try:
+        _watch(run_dir, thresholds, interval, collect, html, out, poll_s)
+    except KeyboardInterrupt:
+        out.write("traceml: stopped watching (the run goes on)\n")
+        out.flush()
+    return 0
+
+
+def _watch(
+    run_dir: Path,
+    thresholds: dict[str, float] | None,
+    interval: float,
+    collect: float,
+    html: Path | None,
+    out: Any,
+    poll_s: float,
+) -> None:
     follower = RunFollower(run_dir)
     follower.poll()
     if follower.finished():
         _print_final(follower, run_dir, thresholds, html, out)
-        return 0
-
+        return
     fd = _fileno(out)
     mode = terminal_mode(fd) if fd is not None else "plain"
     panel = TerminalPanel(fd) if mode == "tty" and fd is not None else None
@@ -99,16 +117,12 @@ def watch(
     if panel is not None and not panel.open():
         panel = None  # too small for a panel after all: plain lines
     try:
-        _follow(follower, panel, out, thresholds, interval, collect, html, poll_s)
-    except KeyboardInterrupt:
+        ended = _follow(follower, panel, out, thresholds, interval, collect, html, poll_s)
+    finally:
         if panel is not None:
             panel.close()
-        out.write("traceml: stopped watching (the run goes on)\n")
-        return 0
-    if panel is not None:
-        panel.close()
-    _print_final(follower, run_dir, thresholds, html, out)
-    return 0
+    if ended:
+        _print_final(follower, run_dir, thresholds, html, out)
 
 
 def _follow(
@@ -120,14 +134,19 @@ def _follow(
     collect: float,
     html: Path | None,
     poll_s: float,
-) -> None:
-    """Poll and show the run until it has finished (a panel, or a line every ``interval``)."""
+) -> bool:
+    """Poll and show the run until it has finished (True), or until nobody reads the output
+    and no --html page is being written (False: ``| head -1`` has what it wanted)."""
     schedule = LineSchedule(interval, time.monotonic(), first_now=True)  # a first line now
     next_html = time.monotonic()
+    first = True  # watch() already polled once: a quiet run's first poll finds nothing new
     while True:
-        changed = follower.poll()
+        changed = follower.poll() or first
+        first = False
         if follower.finished():
-            return
+            return True
+        if html is None and getattr(out, "broken", False):  # a GuardedStream's reader left
+            return False
         view = build_view(
             follower.ranks, run=follower.run_dir.name, thresholds=thresholds, collect_s=collect
         )
@@ -170,7 +189,8 @@ def _print_final(
         follower.ranks, run=run_dir.name, thresholds=thresholds, final_summary=summary
     )
     for line in render_panel(view, 10_000):
-        out.write(line.rstrip() + "\n")
+        if line.strip():  # a run without steps has no numbers: no blank lines for them
+            out.write(line.rstrip() + "\n")
     out.write(f"traceml: the run has ended; full report: traceml report {display_path(run_dir)}\n")
     out.flush()
     if html is not None:

@@ -4,6 +4,7 @@ only appended bytes, a partly written last line kept for the next read), then th
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -26,8 +27,23 @@ _TAIL_BYTES = 512 * 1024
 _HEAD_BYTES = 64 * 1024
 # A "line" this long without a newline is not a record being written: drop it.
 _MAX_PENDING = 1024 * 1024
-# A rank file that has not grown for this long, whose process is gone, is a dead rank.
+# A rank file that has not grown for this long, whose process is gone, is a dead rank; a
+# rank file still absent this long after every other rank ended will never come.
 _DEAD_AFTER_S = 5.0
+# Beyond this a number in a step is damage (the bound analysis/clean.py applies).
+_MAX_VALUE = 1e18
+
+
+def is_number(value: Any, *, signed: bool = True) -> bool:
+    """A finite real number in range (a bool is not one), as analysis/clean.py accepts."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        return False
+    return (-_MAX_VALUE if signed else 0.0) <= value <= _MAX_VALUE
+
+
+def valid_world_size(value: Any) -> bool:
+    """A world size a header could truly carry (a damaged one would size the view)."""
+    return type(value) is int and 1 <= value <= schema.MAX_WORLD_SIZE
 
 
 @dataclass
@@ -47,6 +63,7 @@ class RankTail:
     bad_lines: int = 0
     recent: deque[dict[str, Any]] = field(default_factory=deque)
     grown_at: float | None = None  # monotonic time the file last grew (set by the follower)
+    inode: int | None = None  # the file's identity: another inode is a rewritten file
     dead: bool = False  # its process is gone and it never wrote a footer
 
     def __post_init__(self) -> None:
@@ -79,18 +96,29 @@ class RankTail:
     def _take(self, record: dict[str, Any]) -> None:
         kind = record.get(schema.KIND)
         if kind == schema.KIND_STEP:
-            index = record.get(schema.STEP_INDEX)
-            self.steps = index + 1 if isinstance(index, int) else self.steps + 1
-            start = record.get(schema.T_START_MS)
-            if isinstance(start, (int, float)):
-                if self.first_t_ms is None:
-                    self.first_t_ms = float(start)
-                self.last_end_ms = float(start) + float(record.get(schema.STEP) or 0.0)
-            self.recent.append(record)
+            self._take_step(record)
         elif kind == schema.KIND_HEADER and self.header is None:
             self.header = record
         elif kind == schema.KIND_FOOTER:
             self.footer = record
+
+    def _take_step(self, record: dict[str, Any]) -> None:
+        start, length = record.get(schema.T_START_MS), record.get(schema.STEP)
+        # A damaged time would break the clock and rate arithmetic below: skip the line, as
+        # `traceml report` does with any value that is not a number.
+        if (start is not None and not is_number(start)) or (
+            length is not None and not is_number(length, signed=False)
+        ):
+            self.bad_lines += 1
+            return
+        index = record.get(schema.STEP_INDEX)
+        valid_index = type(index) is int and 0 <= index < 1 << 62
+        self.steps = index + 1 if valid_index else self.steps + 1
+        if start is not None:
+            if self.first_t_ms is None:
+                self.first_t_ms = float(start)
+            self.last_end_ms = float(start) + float(length or 0.0)
+        self.recent.append(record)
 
 
 class RunFollower:
@@ -115,6 +143,7 @@ class RunFollower:
         self._clock = clock
         self._is_process_gone = is_process_gone or process_gone
         self._manifest_mtime: float | None = None
+        self._changed_at = clock()  # when a poll last found anything new
         self.launcher_ended = False
 
     def poll(self) -> bool:
@@ -122,22 +151,40 @@ class RunFollower:
         changed = False
         now = self._clock()
         for rank, path in list_rank_files(self.run_dir).items():
-            tail = self.ranks.get(rank)
-            if tail is None:
-                tail = self.ranks[rank] = RankTail(rank=rank, path=path, window=self.window)
-                tail.grown_at = now
-                changed = True
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                continue
-            if size > tail.offset:
-                changed = self._read(tail, size) or changed
-                tail.grown_at = now
-            elif self._has_died(tail, now):
-                tail.dead = True
-                changed = True
+            changed = self._poll_rank(rank, path, now) or changed
         changed = self._check_manifest() or changed
+        if changed:
+            self._changed_at = now
+        return changed
+
+    def _poll_rank(self, rank: int, path: Path, now: float) -> bool:
+        tail = self.ranks.get(rank)
+        try:
+            stat = os.stat(path)
+        except OSError:
+            stat = None
+        rewritten = (
+            tail is not None
+            and stat is not None
+            and (stat.st_size < tail.offset or stat.st_ino != tail.inode)
+        )
+        if tail is None or rewritten:
+            # New, or truncated / replaced (a run restarted into the same directory): what was
+            # read belongs to the old file, so start over and let the new header replace it.
+            tail = self.ranks[rank] = RankTail(rank=rank, path=path, window=self.window)
+            tail.grown_at = now
+            changed = True
+        else:
+            changed = False
+        if stat is None:
+            return changed
+        tail.inode = stat.st_ino
+        if stat.st_size > tail.offset:
+            tail.grown_at = now
+            return self._read(tail, stat.st_size) or changed
+        if self._has_died(tail, now):
+            tail.dead = True
+            return True
         return changed
 
     def _has_died(self, tail: RankTail, now: float) -> bool:
@@ -201,17 +248,23 @@ class RunFollower:
         sizes = [
             tail.header.get(schema.WORLD_SIZE)
             for tail in self.ranks.values()
-            if tail.header is not None and isinstance(tail.header.get(schema.WORLD_SIZE), int)
+            if tail.header is not None and valid_world_size(tail.header.get(schema.WORLD_SIZE))
         ]
         return max(sizes) if sizes else None
 
     def finished(self, world_size: int | None = None) -> bool:
-        """Every expected rank has closed its file (or died), or the launcher has ended."""
+        """Every expected rank has closed its file (or died), or the launcher has ended, or
+        every rank file there has ended and nothing changed for a while (a rank that never
+        created its file is not coming: `traceml report` calls such a run partial)."""
         if self.launcher_ended:
             return True
-        size = world_size or self.world_size()
+        # No believable world size in any header: the rank files there are the run.
+        size = world_size or self.world_size() or (max(self.ranks) + 1 if self.ranks else 0)
         if not size:
             return False
+        every_file_ended = all(tail.closed or tail.dead for tail in self.ranks.values())
+        if every_file_ended and self._clock() - self._changed_at >= _DEAD_AFTER_S:
+            return True
         return all(
             rank in self.ranks and (self.ranks[rank].closed or self.ranks[rank].dead)
             for rank in range(size)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from traceml import schema
 from traceml.analysis.diagnose import label
+from traceml.analysis.notes import rank_ranges
 from traceml.files import display_path
 from traceml.present.live_settings import DEFAULT_INTERVAL_S
 from traceml.present.live_view import COLLECTING, FINAL, WAITING, LiveView
+from traceml.present.printable import printable
+
+# A rank number in the report's ranges ("1-3, 7 and 2 more ranges"), not the count of more.
+_RANK_NUMBER = re.compile(r"(?<!\d)(\d+)(?!\d| more)")
 
 _SHORT_PHASE = {phase: schema.PHASE_SHORT_LABELS[phase] for phase in schema.PHASES}
 
@@ -35,10 +41,21 @@ def _steps_text(view: LiveView) -> str:
         high = max(steps, key=lambda rank: steps[rank])
         text = f"{len(steps)} ranks {steps[low]}-{steps[high]} (fewest r{low})"
     if view.missing_ranks:
-        text += " | no file yet: " + ",".join(f"r{rank}" for rank in view.missing_ranks)
+        text += " | no file yet: " + _ranks_text(view.missing_ranks)
     if view.dead_ranks:
-        text += " | died: " + ",".join(f"r{rank}" for rank in view.dead_ranks)
+        text += " | died: " + _ranks_text(view.dead_ranks)
     return "steps " + text
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """[1, 2, 3, 7] -> "r1-r3, r7": ranges as the report gives them, so a header claiming a
+    million ranks still makes a short line."""
+    return _RANK_NUMBER.sub(r"r\1", rank_ranges(ranks, most=8))
+
+
+def _from_run(text: str | None) -> str:
+    """Text a rank file supplied, made safe for a terminal and kept on one line."""
+    return printable(" ".join((text or "").split()))
 
 
 def _shares_text(view: LiveView) -> str:
@@ -78,13 +95,13 @@ def _verdict_text(view: LiveView, *, why: bool) -> str:
     else:
         prefix = f"provisional verdict (last {view.window_steps} steps/rank)"
     text = f"{prefix}: {label(view.verdict_kind)}"
-    return f"{text} - {view.verdict_why}" if why and view.verdict_why else text
+    return f"{text} - {_from_run(view.verdict_why)}" if why and view.verdict_why else text
 
 
 def render_line(view: LiveView) -> str:
     """One plain line (no terminal codes), for logs: every N seconds when not on a terminal."""
     parts = [
-        f"traceml live {view.run} [{_duration(view.training_s)}]",
+        f"traceml live {_from_run(view.run)} [{_duration(view.training_s)}]",
         _steps_text(view),
         _numbers_text(view),
         _shares_text(view),
@@ -100,7 +117,7 @@ def render_panel(view: LiveView, width: int) -> list[str]:
     first = " | ".join(
         p
         for p in (
-            f"traceml {view.run} [{_duration(view.training_s)}]",
+            f"traceml {_from_run(view.run)} [{_duration(view.training_s)}]",
             _steps_text(view),
             _numbers_text(view),
         )

@@ -11,7 +11,7 @@ from typing import Any
 from traceml import schema
 from traceml.analysis.diagnose import diagnose
 from traceml.analysis.reduce import RankRecords, reduce_records
-from traceml.present.live_follow import RankTail
+from traceml.present.live_follow import RankTail, is_number, valid_world_size
 from traceml.present.live_settings import DEFAULT_COLLECT_S
 from traceml.thresholds import resolve_thresholds
 
@@ -77,9 +77,10 @@ def _window_rate(tail: RankTail, warmup: int) -> float | None:
     if len(steady) < 2:
         return None
     first, last = steady[0].get(schema.T_START_MS), steady[-1].get(schema.T_START_MS)
-    if not isinstance(first, (int, float)) or not isinstance(last, (int, float)):
+    length = steady[-1].get(schema.STEP)
+    if not is_number(first) or not is_number(last):
         return None
-    span_ms = last + float(steady[-1].get(schema.STEP) or 0.0) - first
+    span_ms = last + (float(length) if is_number(length, signed=False) else 0.0) - first
     return len(steady) * 1000.0 / span_ms if span_ms > 0 else None
 
 
@@ -108,7 +109,7 @@ def build_view(
     limits = resolve_thresholds(thresholds)
     common = _common_view_fields(tails, run, world_size)
     if not any(common["rank_steps"].values()):
-        return _empty_view(common, final=final_summary is not None, files=bool(tails))
+        return _empty_view(common, final_summary, files=bool(tails))
     if final_summary is not None:
         summary = final_summary
         verdicts = summary.get(schema.SUMMARY_VERDICTS) or diagnose(summary)
@@ -126,19 +127,24 @@ def build_view(
     return _numbers_view(common, summary, verdicts, state, ", ".join(waits) or None, steps_per_s)
 
 
-def _empty_view(common: dict[str, Any], *, final: bool, files: bool) -> LiveView:
-    """No step recorded yet (or ever): what the view is waiting for."""
+def _empty_view(
+    common: dict[str, Any], final_summary: dict[str, Any] | None, *, files: bool
+) -> LiveView:
+    """No step recorded yet (or ever): what the view is waiting for, or, for a run that ended
+    without a step, the whole run's verdict (insufficient data)."""
+    verdicts = [] if final_summary is None else final_summary.get(schema.SUMMARY_VERDICTS) or []
+    headline = verdicts[0] if verdicts else None
     return LiveView(
         **common,
-        state=FINAL if final else WAITING,
+        state=WAITING if final_summary is None else FINAL,
         window_steps=0,
         steps_per_s=None,
         median_step_ms=None,
         shares={},
         slowest_rank=None,
         slowest_ratio=None,
-        verdict_kind=None,
-        verdict_why=None,
+        verdict_kind=headline["kind"] if headline else None,
+        verdict_why=headline["why"] if headline else None,
         collecting="waiting for the first step" if files else "waiting for the first rank file",
     )
 
@@ -179,7 +185,7 @@ def _common_view_fields(
 ) -> dict[str, Any]:
     """What the view shows whatever the state: ranks, steps so far, training time."""
     headers = [t.header.get(schema.WORLD_SIZE) for t in tails.values() if t.header]
-    sizes = [s for s in (world_size, *headers) if isinstance(s, int)]
+    sizes = [s for s in (world_size, *headers) if valid_world_size(s)]
     size = max(sizes) if sizes else (max(tails) + 1 if tails else None)
     spans = [
         (t.last_end_ms - t.first_t_ms) / 1000.0
