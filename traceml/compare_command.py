@@ -95,14 +95,16 @@ def compare_command(args: Any) -> int:
     side_b = _distinct([load_summary(path) for path in paths_b])
     try:
         result = compare(side_a, side_b, _options(args, floor))
+        # Printing reads the summaries' figures too (imbalance, memory): inside the same net.
+        text = render_comparison(result)
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
-        # load_summary checks the schema and the sections; a field of the wrong type or an
-        # impossible value (a hand-edited or damaged summary) surfaces here.
+        # load_summary checks the schema, the sections and the figures printed as they are; a
+        # field of the wrong type or an impossible value elsewhere (a hand-edited or damaged
+        # summary) surfaces here.
         raise CompareInputError(
             "cannot compare these summaries: a field has an unexpected type or value "
             f"({type(exc).__name__}: {exc}); were they written by traceml and left as they were?"
         ) from None
-    text = render_comparison(result)
     if args.output is not None:
         _write_outputs(args.output, result, text)
     sys.stdout.write(text)

@@ -451,3 +451,62 @@ def test_a_run_that_did_not_complete_is_named_in_the_comparison(tmp_path, capsys
     assert main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out.replace("\n  ", " ")
     assert "not a completed run" in out and "(failed)" in out
+
+
+def test_several_runs_a_side_show_means_that_agree_with_the_change(tmp_path, capsys):
+    # The review's repro: A's runs 50, 50, 110 ms of forward, B's 68-69. The arithmetic mean
+    # of A (70) is above B's, the change (a ratio of geometric means) is +5%: the table showed
+    # a negative delta next to a positive change. The figures shown are what the change is of.
+    side_a = [
+        str(make_summary(tmp_path / f"a{i}", steps=40, seed=10 + i, noise=0.01, forward=f,
+                         backward=50)[0])
+        for i, f in enumerate([50, 50, 110])
+    ]  # fmt: skip
+    side_b = [
+        str(make_summary(tmp_path / f"b{i}", steps=40, seed=20 + i, noise=0.01, forward=f,
+                         backward=50)[0])
+        for i, f in enumerate([68, 68.5, 69])
+    ]  # fmt: skip
+    result = compare([load_summary(p) for p in side_a], [load_summary(p) for p in side_b])
+    for entry in result["fields"].values():
+        if entry.get("change_pct") is None:
+            continue
+        ratio = entry["b_mean_ms"] / entry["a_mean_ms"]
+        assert entry["change_pct"] == pytest.approx((ratio - 1) * 100, rel=1e-9), entry["label"]
+        assert (entry["delta_ms"] > 0) == (entry["change_pct"] > 0), entry["label"]
+    assert result["fields"]["forward_ms"]["delta_ms"] > 0
+    assert main(["compare", *side_a, "--vs", *side_b]) == 0
+    assert "Geometric mean of the runs' means per job step (ms)" in capsys.readouterr().out
+
+
+def test_a_phase_that_drops_to_zero_is_minus_100_percent(tmp_path, capsys):
+    a, _ = make_summary(tmp_path / "a", steps=60, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=60, seed=2, **{**BASE, "input": 0})
+    dropped = compare(load_summary(a), load_summary(b))["fields"]["input_wait_ms"]
+    assert dropped["b_mean_ms"] == 0 and dropped["a_mean_ms"] > 0
+    assert dropped["change_pct"] == -100.0
+    assert dropped["ci_change_pct"] is None and dropped["hidden_by"] == "zero mean in B"
+    # From zero there is no ratio: the change stays unknown.
+    appeared = compare(load_summary(b), load_summary(a))["fields"]["input_wait_ms"]
+    assert appeared["change_pct"] is None and appeared["hidden_by"] == "zero mean in A"
+    assert main(["compare", str(a), str(b)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "Input Wait" in line)
+    assert "-100.0%" in row and "hidden: zero mean in B" in row
+
+
+def test_missing_setup_values_are_words_not_none(tmp_path, capsys):
+    a, summary_a = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, summary_b = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    del summary_a[schema.RUN]
+    summary_a[schema.WORLD_SIZE] = None
+    summary_a[schema.SUMMARY_SETUP][schema.WORLD_SIZE] = None
+    summary_b[schema.SUMMARY_SETUP]["trace_max_steps"] = 200
+    a.write_bytes(orjson.dumps(summary_a))
+    b.write_bytes(orjson.dumps(summary_b))
+    main(["compare", str(a), str(b)])
+    out = capsys.readouterr().out
+    assert "None" not in out
+    assert "A = run name unknown" in out
+    assert "world size: unknown -> 1" in out
+    assert "trace-max-steps: not set -> 200" in out
+    assert "different world sizes (unknown vs 1)" in out

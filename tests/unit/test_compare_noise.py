@@ -80,3 +80,15 @@ def test_floor_needs_runs_of_one_setup(tmp_path):
     two["world_size"] = 2
     with pytest.raises(CompareInputError, match="same setup"):
         measure_noise_floor([one, two])
+
+
+def test_runs_too_different_for_a_floor_say_so_and_suggest_no_command(tmp_path, capsys):
+    # Runs 2x and 4x apart give a "floor" of ~1,650%: --noise-floor refuses it (a percentage in
+    # [0, 100)), so suggesting it would be a command that fails.
+    apart = [str(run(tmp_path / f"r{i}", scale=s, seed=i)) for i, s in enumerate((1.0, 2.0, 4.0))]
+    assert main(["compare", "--noise-floor-from", *apart]) == 2
+    out, err = capsys.readouterr()
+    assert "--noise-floor " not in out
+    assert "too different to measure a noise floor" in err and err.count("\n") == 1
+    with pytest.raises(CompareInputError, match="too different"):
+        measure_noise_floor([load_summary(p) for p in apart])

@@ -9,7 +9,7 @@ from traceml.finalize import summarise
 from traceml.present.report import render_text
 from traceml.present.report_html import render_html
 
-from rankfiles import synthetic_run
+from rankfiles import footer, header, step, synthetic_run, write_rank
 
 
 def test_text_report_layout(tmp_path):
@@ -129,3 +129,29 @@ def test_the_terminal_report_opens_with_a_banner(tmp_path):
     printed = for_terminal(text).splitlines()
     assert printed[0] == "" and len(printed[1]) == 100
     assert printed[1].strip("=") == " traceml report " and printed[2] == text.splitlines()[0]
+
+
+def _cuda_run(tmp_path, **counters):
+    """One CUDA rank whose memory samples carry ``counters`` (allocator retries, OOMs) or not."""
+    gib = 2**30
+    first = header(0, 1)
+    first[schema.DEVICE] = {"type": "cuda", "name": "X", "total_memory_bytes": 80 * gib}
+    records = [first]
+    for index in range(40):
+        records.append(step(index, index * 101.0, forward=50, backward=50))
+        records.append({schema.KIND: schema.KIND_SAMPLE, schema.AT_STEP: index + 1,
+                        schema.T_START_MS: index * 101.0, schema.DEVICE_MEM_ALLOCATED: 10 * gib,
+                        schema.DEVICE_MEM_RESERVED: 12 * gib, **counters})  # fmt: skip
+    records.append(footer(40))
+    write_rank(tmp_path, 0, records)
+    _summary, text = summarise(tmp_path, write=False)
+    return next(line for line in text.splitlines() if "device memory:" in line)
+
+
+def test_allocator_counters_not_sampled_are_not_shown_as_zero(tmp_path):
+    # A sample without the counters (an older torch, a failed read) measured nothing: "0 OOMs"
+    # would claim none happened.
+    line = _cuda_run(tmp_path / "none")
+    assert line.endswith("allocator retries and OOMs not measured"), line
+    line = _cuda_run(tmp_path / "zero", **{schema.ALLOC_RETRIES: 0, schema.DEVICE_OOMS: 0})
+    assert line.endswith(", 0 allocator retries, 0 OOMs"), line

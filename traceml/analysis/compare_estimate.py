@@ -126,6 +126,19 @@ def difference(side_a: list[RunEstimate], side_b: list[RunEstimate]) -> Differen
     return Difference(log_ratio, log_ratio - half, log_ratio + half, df, True, math.sqrt(spread))
 
 
+def side_mean(estimates: list[RunEstimate]) -> float | None:
+    """A side's mean per job step: its runs' means averaged as the change is (geometric: the
+    change is the ratio of the sides' mean log), so the means shown, their delta and the change
+    agree in sign. A side with a zero mean has no log: its arithmetic mean, and no ratio."""
+    if not estimates:
+        return None
+    if len(estimates) == 1:
+        return estimates[0].mean
+    if all(e.mean > 0 for e in estimates):
+        return math.exp(sum(math.log(e.mean) for e in estimates) / len(estimates))
+    return sum(e.mean for e in estimates) / len(estimates)
+
+
 def pct_change(log_ratio: float) -> float:
     """A log ratio as a % change (-100% .. +inf)."""
     if log_ratio == math.inf:
@@ -163,8 +176,7 @@ def compare_field(
     entry: dict[str, Any] = {"field": fieldname, "label": _label(fieldname)}
     measured_a = [e for e in (run_estimate(s, fieldname) for s in side_a) if e is not None]
     measured_b = [e for e in (run_estimate(s, fieldname) for s in side_b) if e is not None]
-    mean_a = sum(e.mean for e in measured_a) / len(measured_a) if measured_a else None
-    mean_b = sum(e.mean for e in measured_b) / len(measured_b) if measured_b else None
+    mean_a, mean_b = side_mean(measured_a), side_mean(measured_b)
     entry.update(
         status=NOT_MEASURED,
         significant=False,
@@ -184,8 +196,7 @@ def compare_field(
     entry["drift_pct"] = max(drifts) if drifts else None
     entry["approximate"] = any(e.approximate for e in (*measured_a, *measured_b))
     if diff is None:
-        entry.update(status=NO_CHANGE, change_pct=None, ci_change_pct=None)
-        entry.update(hidden_rule=HIDDEN_ZERO_MEAN, hidden_by="zero mean")
+        entry.update(_zero_mean(mean_a, mean_b))
         return entry
     change = pct_change(diff.log_ratio)
     finite = math.isfinite(diff.low) and math.isfinite(diff.high)
@@ -198,6 +209,20 @@ def compare_field(
     )
     entry.update(_decision(fieldname, diff, mean_a, mean_b, drifts, options, step_means))
     return entry
+
+
+def _zero_mean(mean_a: float, mean_b: float) -> dict[str, Any]:
+    """A side with a zero mean has no log ratio, so no interval and nothing called; but a drop
+    from a nonzero mean to zero is a measured -100%, not an unknown change."""
+    change = (mean_b - mean_a) / mean_a * 100 if mean_a > 0 else None
+    where = "" if (mean_a <= 0) == (mean_b <= 0) else (" in A" if mean_a <= 0 else " in B")
+    return {
+        "status": NO_CHANGE,
+        "change_pct": change,
+        "ci_change_pct": None,
+        "hidden_rule": HIDDEN_ZERO_MEAN,
+        "hidden_by": f"zero mean{where}",
+    }
 
 
 def _decision(

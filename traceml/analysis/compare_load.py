@@ -30,6 +30,11 @@ def load_summary(path: Path | str) -> dict[str, Any]:
         raise CompareInputError(f"{path} is not JSON (is it a final_summary.json?)") from None
     except OSError as exc:
         raise CompareInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return check_summary(data, path)
+
+
+def check_summary(data: Any, path: Path) -> dict[str, Any]:
+    """A parsed file as a summary compare can read; CompareInputError (one line) when not."""
     if not isinstance(data, dict):
         raise CompareInputError(f"{path} is not a traceml summary")
     family, supported = schema.family_and_major(schema.SUMMARY_SCHEMA)
@@ -46,8 +51,32 @@ def load_summary(path: Path | str) -> dict[str, Any]:
         )
     if not isinstance(data.get(schema.SUMMARY_OVERALL), dict):
         raise CompareInputError(f"{path} is a traceml summary without an 'overall' section")
+    _check_numbers(data, path)
     data["_path"] = str(path)
     return data
+
+
+# Figures the comparison prints as they are (not through a job series, which is checked when it
+# is estimated): a hand-edited string or object there would only fail while printing.
+_NUMBERS = (
+    (schema.SUMMARY_OVERALL, schema.PEAK_RESERVED),
+    (schema.SUMMARY_OVERALL, schema.PEAK_RSS),
+    (schema.SUMMARY_IMBALANCE, schema.IMBALANCE_FIELDS, schema.OWN_MS, "max_over_others"),
+    (schema.SUMMARY_IMBALANCE, schema.IMBALANCE_FIELDS, schema.STEP, "max_over_others"),
+)
+
+
+def _check_numbers(data: dict[str, Any], path: Path) -> None:
+    """A wrongly typed figure is one line naming it (exit 2), not a failure while printing."""
+    for keys in _NUMBERS:
+        node: Any = data
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None and (isinstance(node, bool) or not isinstance(node, (int, float))):
+            raise CompareInputError(
+                f"{path}: {'.'.join(keys)} is {orjson.dumps(node).decode()[:40]}, not a number "
+                "(was the summary edited by hand?)"
+            )
 
 
 # ----------------------------------------------------------------------------------------------

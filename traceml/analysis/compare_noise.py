@@ -24,6 +24,7 @@ from traceml.analysis.compare_setup import blocking_differences
 
 MIN_RUNS = 2  # two runs give one degree of freedom (a very wide floor); 3 or more recommended
 RECOMMENDED_RUNS = 3
+MAX_FLOOR_PCT = 100.0  # what --noise-floor accepts (a percentage in [0, 100))
 
 
 @dataclass(frozen=True)
@@ -61,4 +62,13 @@ def measure_noise_floor(summaries: list[dict[str, Any]]) -> NoiseFloor:
     spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / df)
     bound = stats.t_quantile(0.95, df) * math.sqrt(2.0) * spread
     floor = max(pct_change(bound), MIN_EFFECT * 100)
+    if not round(floor, 1) < MAX_FLOOR_PCT:
+        # Suggesting it would suggest a command that --noise-floor refuses (and a floor that
+        # hides any change): runs this far apart measure no floor at all.
+        names = ", ".join(str(s.get("_path") or s.get(schema.RUN)) for s in summaries)
+        raise CompareInputError(
+            f"{names} are too different to measure a noise floor: their mean step times spread "
+            f"by {spread * 100:.0f}%, a floor of {floor:.0f}% (--noise-floor takes under "
+            f"{MAX_FLOOR_PCT:g}%); give runs of the same code and setup on one machine"
+        )
     return NoiseFloor(pct=floor, runs=len(logs), run_cv_pct=spread * 100, df=df)

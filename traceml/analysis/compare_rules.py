@@ -26,7 +26,7 @@ from traceml.analysis.compare_estimate import (
     CompareOptions,
     run_estimate,
 )
-from traceml.analysis.compare_setup import listing, own_cost_notes
+from traceml.analysis.compare_setup import RUN_UNNAMED, as_text, listing, own_cost_notes
 
 
 def inconclusive_reasons(
@@ -44,8 +44,8 @@ def inconclusive_reasons(
             count = estimate.steps if estimate else 0
             if count < MIN_STEPS:
                 reasons.append(
-                    f"{name} ({summary.get(schema.RUN)}) has only {count} analysed job steps "
-                    f"(at least {MIN_STEPS} needed)"
+                    f"{name} ({as_text(summary.get(schema.RUN), RUN_UNNAMED)}) has only {count} "
+                    f"analysed job steps (at least {MIN_STEPS} needed)"
                 )
     if not options.allow_setup_change:
         reasons.extend(blocking)

@@ -21,6 +21,14 @@ _SETUP_KEYS = (
 )
 # Differences that are usually the change under test: shown, not held against the comparison.
 _CHANGE_KEYS = (("num_workers", "DataLoader workers"),)
+# Options a run may leave unset; a missing world size or device is unknown, not unset.
+_OPTIONS = frozenset(
+    {schema.BATCH_SIZE, schema.ACCUMULATE_GRAD_BATCHES, "trace_max_steps", "num_workers"}
+)
+
+
+def _missing(key: str) -> str:
+    return "not set" if key in _OPTIONS else "unknown"
 
 
 def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -29,14 +37,15 @@ def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], 
     unfair = []
     for key, name in _SETUP_KEYS:
         if setup_a.get(key) != setup_b.get(key):
-            unfair.append(f"{name}: {setup_a.get(key)} -> {setup_b.get(key)}")
+            unfair.append(f"{name}: {_arrow(setup_a.get(key), setup_b.get(key), _missing(key))}")
     versions_a = setup_a.get(schema.VERSIONS) or {}
     versions_b = setup_b.get(schema.VERSIONS) or {}
     for package in ("torch", "pytorch_lightning", "lightning", "rfdetr"):
         if versions_a.get(package) != versions_b.get(package):
-            unfair.append(f"{package}: {versions_a.get(package)} -> {versions_b.get(package)}")
+            before, after = versions_a.get(package), versions_b.get(package)
+            unfair.append(f"{package}: {_arrow(before, after, 'not recorded')}")
     changed = [
-        f"{name}: {setup_a.get(key)} -> {setup_b.get(key)}"
+        f"{name}: {_arrow(setup_a.get(key), setup_b.get(key), _missing(key))}"
         for key, name in _CHANGE_KEYS
         if setup_a.get(key) != setup_b.get(key)
     ]
@@ -58,9 +67,9 @@ def own_cost_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -
         measured = resources.own_cost(summary)
         if measured is not None and measured[1] > OWN_COST_WARN:
             notes.append(
-                f"traceml's own cost in {summary.get(schema.RUN)} is {measured[0]:.0f} us per "
-                f"step, {measured[1] * 100:.1f}% of step time (over {OWN_COST_WARN:.0%}): "
-                "changes of that size may be traceml's, not the training's"
+                f"traceml's own cost in {as_text(summary.get(schema.RUN), RUN_UNNAMED)} is "
+                f"{measured[0]:.0f} us per step, {measured[1] * 100:.1f}% of step time (over "
+                f"{OWN_COST_WARN:.0%}): changes of that size may be traceml's, not the training's"
             )
     return notes
 
@@ -147,12 +156,25 @@ def blocking_differences(side_a: list[dict[str, Any]], side_b: list[dict[str, An
             if len(set(map(repr, values))) > 1:
                 found.append(f"the {side} runs differ in {name} ({listing(values)})")
         if values_a[0] != values_b[0]:
-            found.append(f"different {name} ({values_a[0]} vs {values_b[0]})")
+            found.append(f"different {name} ({as_text(values_a[0])} vs {as_text(values_b[0])})")
     return found
 
 
 def listing(values: list[Any]) -> str:
-    return ", ".join(str(v) for v in values)
+    return ", ".join(as_text(v) for v in values)
+
+
+RUN_UNNAMED = "run name unknown"
+
+
+def as_text(value: Any, missing: str = "unknown") -> str:
+    """A setup value as text; a summary without it (an older traceml, a setting left at its
+    default) says so in words, never "None"."""
+    return missing if value is None else str(value)
+
+
+def _arrow(before: Any, after: Any, missing: str) -> str:
+    return f"{as_text(before, missing)} -> {as_text(after, missing)}"
 
 
 def memory_comparison(

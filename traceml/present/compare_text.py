@@ -19,6 +19,7 @@ from traceml.analysis.compare_estimate import (
 )
 from traceml.analysis.compare_noise import RECOMMENDED_RUNS, NoiseFloor
 from traceml.analysis.compare_rules import floor_is_a_guess, format_interval, format_pct
+from traceml.analysis.compare_setup import RUN_UNNAMED, as_text
 from traceml.present.printable import printable
 
 
@@ -28,8 +29,8 @@ def _fmt_ms(value: float | None) -> str:
 
 def _side_title(runs: list[dict[str, Any]]) -> str:
     if len(runs) == 1:
-        return str(runs[0]["run"])
-    names = [str(r["run"]) for r in runs]
+        return as_text(runs[0]["run"], RUN_UNNAMED)
+    names = [as_text(r["run"], RUN_UNNAMED) for r in runs]
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     return f"{len(runs)} runs ({shown})"
 
@@ -46,6 +47,13 @@ def _side_steps(runs: list[dict[str, Any]]) -> str:
         low, high = round(min(ess)), round(max(ess))
         text += f" (ESS {low}" + (f"-{high}" if high > low else "") + ")"
     return text
+
+
+def _mean_name(result: dict[str, Any]) -> str:
+    """What the A and B figures are: with several runs a side, the geometric mean of the runs'
+    means (what the change is the ratio of, so figures, delta and change agree)."""
+    several = len(result["a_runs"]) > 1 or len(result["b_runs"]) > 1
+    return "geometric mean of the runs' means" if several else "mean"
 
 
 def render_comparison(result: dict[str, Any]) -> str:
@@ -119,7 +127,7 @@ def _verdict_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"Verdict: {verdict}: step time {format_pct(step.get('change_pct'))} "
             f"({_fmt_ms(step.get('a_mean_ms'))} ms -> {_fmt_ms(step.get('b_mean_ms'))} ms "
-            f"mean{ci_text})"
+            f"{_mean_name(result)}{ci_text})"
         )
         if verdict == MIXED:
             memory = result["memory"]
@@ -167,7 +175,7 @@ def _setup_lines(result: dict[str, Any]) -> list[str]:
 
 def _table_lines(result: dict[str, Any]) -> list[str]:
     lines = [
-        "  Mean per job step (ms)",
+        f"  {_mean_name(result).capitalize()} per job step (ms)",
         f"  {'Phase':<12}{'A':>9}{'B':>9}{'delta':>9}{'change':>9}"
         f"{CI_LABEL + ' of change':>20}  result",
     ]

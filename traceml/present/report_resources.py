@@ -32,6 +32,16 @@ def _trend_text(telemetry: dict[str, Any]) -> str:
     return f"{mark}{fit['slope_mb_per_1k_steps']:+,.1f} {_TREND_SHORT[basis]}"
 
 
+def _allocator_counts(device: dict[str, Any]) -> str:
+    """The allocator's retries and OOMs; a sample without them (an older torch, a failed read)
+    did not measure them, which is not the same as none happening."""
+    retries, ooms = device.get("alloc_retries"), device.get("ooms")
+    if retries is None and ooms is None:
+        return ", allocator retries and OOMs not measured"
+    shown = ["n/a" if value is None else str(value) for value in (retries, ooms)]
+    return f", {shown[0]} allocator retries, {shown[1]} OOMs"
+
+
 _DAMAGE = (AttributeError, KeyError, TypeError, ValueError, IndexError)
 
 
@@ -85,8 +95,7 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
                 f"{_gib(device.get('allocated_last_bytes'))}, reserved "
                 f"{_gib(device.get('reserved_last_bytes'))}"
                 + (f" ({overhang:.2f}x allocated)" if overhang else "")
-                + f", {device.get('alloc_retries') or 0} allocator retries, "
-                f"{device.get('ooms') or 0} OOMs"
+                + _allocator_counts(device)
             )
         nvml = telemetry.get(schema.NVML)
         if nvml:
