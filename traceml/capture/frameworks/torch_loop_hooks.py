@@ -120,9 +120,16 @@ class LoopHooks:
     # -- optimizer -------------------------------------------------------------------------
 
     def _optimizer_pre(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        # An optimizer step inside torch.compile: the compiler would trace traceml's clock and
+        # bookkeeping and break the user's graph there; such a step is left undelimited (the
+        # rank file's "no optimizer step" note, as a step compiled into one graph).
+        if _compiling():
+            return
         self.capture.optimizer_started(optimizer)
 
     def _optimizer_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if _compiling():
+            return
         self.capture.optimizer_ended(optimizer)
 
     # -- backward --------------------------------------------------------------------------
