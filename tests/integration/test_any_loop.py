@@ -172,6 +172,19 @@ def test_the_trainers_out_of_memory_retry_drops_the_open_step(tmp_path):
     assert any("started its training loop again" in r.get("message", "") for r in records)
 
 
+def test_a_second_train_is_untraced_and_said_once(tmp_path):
+    # It was silently untraced: its callback went into the finished session.
+    script_env = traced_env(tmp_path / "logs", "twice", HF_STEPS=3, HF_TRAIN_TWICE=1)
+    result = run([PYTHON, HF], script_env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert warning_lines(result.stderr) == [
+        "traceml: a second training in this process is not traced (one run per process)"
+    ]
+    records = rank_records(tmp_path / "logs" / "twice")
+    assert records[-1]["status"] == schema.STATUS_COMPLETED
+    assert [s[schema.GLOBAL_STEP] for s in steps_of(records)] == [1, 2, 3]
+
+
 def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
     env = traced_env(
         tmp_path / "logs",

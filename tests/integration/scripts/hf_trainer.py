@@ -150,6 +150,8 @@ def main() -> int:
         )
         try:
             trainer.train()
+            if os.environ.get("HF_TRAIN_TWICE"):  # a second training: untraced, said once
+                trainer.train()
         finally:
             print_weights(model, trainer.state.global_step)
     print(f"HF_RESULT global_step={trainer.state.global_step}", flush=True)

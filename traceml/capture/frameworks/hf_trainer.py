@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from traceml.capture import claim
 from traceml.capture.guard import entry_point
+from traceml.capture.lifecycle import FINAL
 
 _callback_class: type | None = None
 
@@ -63,6 +65,11 @@ def before_train(trainer: Any) -> Any | None:
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, StepEvents):
             return callback
+    if capture.session is not None and capture.session.life.state in FINAL:
+        # The traced training is over (a second train(), of this trainer or another): a
+        # second training, refused with the one warning, as any other (claim).
+        claim.claim(trainer)
+        return None
     if capture.session is None:
         capture.integration = "hf_trainer"
     capture.step_ends_at_optimizer = False
