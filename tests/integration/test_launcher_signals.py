@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from procs import PYTHON, clean_env, traceml
@@ -134,6 +135,9 @@ def _job_on_a_terminal(command: list[str], cwd) -> list[str]:
                     continue
                 seen.append(f"exit {os.waitstatus_to_exitcode(status)}")
                 break
+            else:  # the job never ended: leave nothing behind (the script has a group of its own)
+                for process in [*psutil.Process(job).children(recursive=True), psutil.Process(job)]:
+                    process.kill()
             os.write(1, ("SHELL " + json.dumps(seen) + "\n").encode())  # fd 1: the pty
         finally:
             os._exit(0)
