@@ -140,6 +140,9 @@ def test_signal_gives_a_partial_report_and_no_orphans(tmp_path, tiny, sig, code)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as in a terminal's job: a test run from a background job inherits it
+        # ignored, and the launcher and the script would then both ignore it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     rank_file = tmp_path / "logs" / "term" / "ranks" / "rank_0.jsonl"
     deadline = time.monotonic() + 120

@@ -31,8 +31,11 @@ print("ready", flush=True)
 time.sleep(60)
 """
 
+# Python's own SIGINT handler set here: a test run from a background job inherits SIGINT
+# ignored, and the script would then live through its own SIGINT, traced or not.
 SELF_KILL = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 os.kill(os.getpid(), getattr(signal, sys.argv[1]))
 """
 

@@ -180,7 +180,7 @@ def test_demo_with_two_ranks(tmp_path):
     summary = json.loads((tmp_path / "logs" / "ddp" / "final_summary.json").read_text())
     assert summary["world_size"] == 2
     assert [r["steps_recorded"] for r in summary["ranks"]] == [8, 8]
-    assert "Per rank" in result.stdout
+    assert "Per rank" in result.stderr  # the report: on stderr
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +198,7 @@ def test_readme_demo_command(tmp_path):
         ["bash", ROOT / "scripts" / "demo.sh", "--resolution", "64"], env, tmp_path, timeout=900
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Verdict:" in result.stdout
+    assert "Verdict:" in result.stderr  # the report: on stderr
     run_dir = only_run_dir(tmp_path / "logs")
     assert json.loads((run_dir / "final_summary.json").read_text())["steps_recorded"] == 16
     # The demo dataset and the checkpoints are removed (torch may leave its own caches).
