@@ -41,11 +41,13 @@ def _is_rank(value: Any) -> bool:
     return _is_int(value, 0, schema.MAX_WORLD_SIZE - 1)
 
 
-def _is_world_size(value: Any) -> bool:
+def is_world_size(value: Any) -> bool:
+    """A world size a header could truly carry (the live view checks its headers by it too)."""
     return _is_int(value, 1, schema.MAX_WORLD_SIZE)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite real number in range, not a bool (the live view checks its steps by it too)."""
     return type(value) in (int, float) and math.isfinite(value) and abs(value) <= _MAX_VALUE
 
 
@@ -58,11 +60,11 @@ _HEADER_CHECKS: dict[str, Any] = {
     schema.RUN: _is_text,
     schema.RANK: _is_rank,
     schema.LOCAL_RANK: _is_rank,
-    schema.WORLD_SIZE: _is_world_size,
-    schema.LOCAL_WORLD_SIZE: _is_world_size,
+    schema.WORLD_SIZE: is_world_size,
+    schema.LOCAL_WORLD_SIZE: is_world_size,
     schema.NODE_RANK: _is_rank,
     schema.HOST: _is_text,
-    schema.CLOCK_ORIGIN_UNIX: _is_number,
+    schema.CLOCK_ORIGIN_UNIX: is_number,
     schema.VERSIONS: _is_text_dict,
     schema.DEVICE: lambda value: isinstance(value, dict),
     schema.TIMING: _is_text,
@@ -78,7 +80,7 @@ _HEADER_CHECKS: dict[str, Any] = {
 _DEVICE_CHECKS: dict[str, Any] = {
     schema.DEVICE_TYPE: _is_text,
     schema.DEVICE_NAME: _is_text,
-    schema.DEVICE_TOTAL_MEMORY: lambda value: _is_number(value) and value > 0,
+    schema.DEVICE_TOTAL_MEMORY: lambda value: is_number(value) and value > 0,
 }
 
 
@@ -155,7 +157,7 @@ def _clean_column(column: list[Any], signed: bool) -> int:
     for index, value in enumerate(column):
         if value is None:
             continue
-        if not _is_number(value) or (value < 0 and not signed):
+        if not is_number(value) or (value < 0 and not signed):
             column[index] = None
             bad += 1
     return bad

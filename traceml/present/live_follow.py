@@ -4,7 +4,6 @@ only appended bytes, a partly written last line kept for the next read), then th
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import orjson
 
 from traceml import schema
+from traceml.analysis.clean import is_number, is_world_size
 from traceml.analysis.reduce import list_rank_files, parse_lines
 from traceml.present.live_settings import DEFAULT_WINDOW
 
@@ -30,20 +30,6 @@ _MAX_PENDING = 1024 * 1024
 # A rank file that has not grown for this long, whose process is gone, is a dead rank; a
 # rank file still absent this long after every other rank ended will never come.
 _DEAD_AFTER_S = 5.0
-# Beyond this a number in a step is damage (the bound analysis/clean.py applies).
-_MAX_VALUE = 1e18
-
-
-def is_number(value: Any, *, signed: bool = True) -> bool:
-    """A finite real number in range (a bool is not one), as analysis/clean.py accepts."""
-    if type(value) not in (int, float) or not math.isfinite(value):
-        return False
-    return (-_MAX_VALUE if signed else 0.0) <= value <= _MAX_VALUE
-
-
-def valid_world_size(value: Any) -> bool:
-    """A world size a header could truly carry (a damaged one would size the view)."""
-    return type(value) is int and 1 <= value <= schema.MAX_WORLD_SIZE
 
 
 @dataclass
@@ -107,7 +93,7 @@ class RankTail:
         # A damaged time would break the clock and rate arithmetic below: skip the line, as
         # `traceml report` does with any value that is not a number.
         if (start is not None and not is_number(start)) or (
-            length is not None and not is_number(length, signed=False)
+            length is not None and not (is_number(length) and length >= 0)
         ):
             self.bad_lines += 1
             return
@@ -248,7 +234,7 @@ class RunFollower:
         sizes = [
             tail.header.get(schema.WORLD_SIZE)
             for tail in self.ranks.values()
-            if tail.header is not None and valid_world_size(tail.header.get(schema.WORLD_SIZE))
+            if tail.header is not None and is_world_size(tail.header.get(schema.WORLD_SIZE))
         ]
         return max(sizes) if sizes else None
 

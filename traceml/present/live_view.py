@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceml import schema
+from traceml.analysis.clean import is_number, is_world_size
 from traceml.analysis.diagnose import diagnose
 from traceml.analysis.reduce import RankRecords, reduce_records
-from traceml.present.live_follow import RankTail, is_number, valid_world_size
+from traceml.present.live_follow import RankTail
 from traceml.present.live_settings import DEFAULT_COLLECT_S
 from traceml.thresholds import resolve_thresholds
 
@@ -80,7 +81,7 @@ def _window_rate(tail: RankTail, warmup: int) -> float | None:
     length = steady[-1].get(schema.STEP)
     if not is_number(first) or not is_number(last):
         return None
-    span_ms = last + (float(length) if is_number(length, signed=False) else 0.0) - first
+    span_ms = last + (float(length) if is_number(length) and length >= 0 else 0.0) - first
     return len(steady) * 1000.0 / span_ms if span_ms > 0 else None
 
 
@@ -185,7 +186,7 @@ def _common_view_fields(
 ) -> dict[str, Any]:
     """What the view shows whatever the state: ranks, steps so far, training time."""
     headers = [t.header.get(schema.WORLD_SIZE) for t in tails.values() if t.header]
-    sizes = [s for s in (world_size, *headers) if valid_world_size(s)]
+    sizes = [s for s in (world_size, *headers) if is_world_size(s)]
     size = max(sizes) if sizes else (max(tails) + 1 if tails else None)
     spans = [
         (t.last_end_ms - t.first_t_ms) / 1000.0
