@@ -247,8 +247,6 @@ def _paired_sums(values: list[Any], totals: list[Any]) -> list[float] | None:
     """``[sum of values, sum of totals]`` over the steps where both are measured: a share of
     the step is then a share of the same steps (a step whose time is unknown cannot be the
     denominator of a phase measured in it). None when no step has both."""
-    if None not in values and None not in totals:
-        return [math.fsum(values), math.fsum(totals)] if values else None
     pairs = [(v, t) for v, t in zip(values, totals, strict=True) if v is not None and t is not None]
     if not pairs:
         return None
@@ -256,10 +254,19 @@ def _paired_sums(values: list[Any], totals: list[Any]) -> list[float] | None:
 
 
 def share_sums(columns: dict[str, list[Any]], skipped: int) -> dict[str, list[float]]:
-    """The analysed steps' paired sums of every share (see :func:`_paired_sums`)."""
+    """The analysed steps' paired sums of every share (see :func:`_paired_sums`). Each
+    denominator column is sliced and, when complete, summed once for all its shares."""
+    totals = {name: columns[name][skipped:] for name in set(SHARE_OF.values())}
+    whole = {name: math.fsum(column) for name, column in totals.items() if None not in column}
     sums: dict[str, list[float]] = {}
     for fieldname, total in SHARE_OF.items():
-        paired = _paired_sums(columns[fieldname][skipped:], columns[total][skipped:])
+        values = columns[fieldname][skipped:]
+        if not values:
+            continue
+        if total in whole and None not in values:  # the usual case: every step measured
+            sums[fieldname] = [math.fsum(values), whole[total]]
+            continue
+        paired = _paired_sums(values, totals[total])
         if paired is not None:
             sums[fieldname] = paired
     return sums
