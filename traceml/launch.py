@@ -171,13 +171,10 @@ def _create_run_dir(settings: Settings) -> Settings:
         name = settings.run_name if attempt == 1 else f"{settings.run_name}-{attempt}"
         candidate = settings.replace(run_name=name)
         try:
-            candidate.run_dir.mkdir()  # atomic: of two launches, one creates it
+            candidate.run_dir.mkdir()  # atomic: of two launches, one creates it (and its ranks/)
+            (candidate.run_dir / schema.RANKS_DIR).mkdir()
         except FileExistsError:
             continue
-        except OSError as exc:
-            raise LaunchError(f"cannot create {candidate.run_dir}: {exc.strerror or exc}") from None
-        try:
-            (candidate.run_dir / schema.RANKS_DIR).mkdir()
         except OSError as exc:
             raise LaunchError(f"cannot create {candidate.run_dir}: {exc.strerror or exc}") from None
         return candidate

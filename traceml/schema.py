@@ -163,7 +163,6 @@ ERROR = "error"
 # The exception a rank stopped on: the footer's ERROR is "<type name>: <first line>"; writers
 # that know the type name alone may also set ERROR_TYPE.
 ERROR_TYPE = "error_type"
-ERROR_TYPE_KEYBOARD_INTERRUPT = "KeyboardInterrupt"
 
 STATUS_COMPLETED = "completed"
 STATUS_EXCEPTION = "exception"
