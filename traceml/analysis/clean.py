@@ -29,7 +29,8 @@ def _is_text(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _is_count(value: Any) -> bool:
+def is_count(value: Any) -> bool:
+    """A whole number of things, 0 or more, not a bool (input records are checked by it too)."""
     return _is_int(value, 0, 1 << 62)
 
 
@@ -74,7 +75,7 @@ _HEADER_CHECKS: dict[str, Any] = {
     schema.INTEGRATION: _is_text,
     schema.ACCUMULATE_GRAD_BATCHES: _is_positive_count,
     schema.BATCH_SIZE: _is_positive_count,
-    "num_workers": _is_count,
+    "num_workers": is_count,
     schema.SETTINGS: lambda value: isinstance(value, dict),
 }
 _DEVICE_CHECKS: dict[str, Any] = {

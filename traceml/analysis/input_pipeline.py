@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from traceml import schema
+from traceml.analysis.clean import is_count
 
 # Workers busier than this are the bottleneck; idler than IDLE_SHARE, they are not.
 BUSY_SHARE = 0.80
@@ -35,9 +36,7 @@ def _number(value: Any) -> float | None:
 def _count(value: Any) -> int | None:
     """A count from a record (workers, cores, an epoch), or None when it is not one: a
     damaged field is unmeasured, never a crash in the advice's arithmetic."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
+    return value if is_count(value) else None
 
 
 def _flag(value: Any) -> bool | None:
