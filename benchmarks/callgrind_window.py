@@ -147,7 +147,7 @@ def scale_intervals(factor: float) -> None:
             function.__defaults__ = tuple(defaults)
     # Read by name where the step's end reads RSS (Session.rss_due; in stop 40's code the
     # event replay's step end read its own copy).
-    for name in ("traceml.capture.session", "traceml.capture.step_events"):
+    for name in ("traceml.capture.session", "traceml.capture.step_events", "traceml.capture.rss"):
         try:
             module = importlib.import_module(name)
         except ImportError:  # an older checkout, before the event log

@@ -127,7 +127,7 @@ def _rows_unmade() -> None:
 def _telemetry() -> None:
     """No sampler thread, no RSS reading per step."""
     importlib.import_module("traceml.capture.telemetry").sampler_for = lambda *a, **k: None
-    importlib.import_module("traceml.capture.step_clock").rss_reader = lambda: None
+    importlib.import_module("traceml.capture.rss").rss_reader = lambda: None
 
 
 def _input() -> None:

@@ -132,6 +132,43 @@ def test_a_hand_written_loop_is_traced_phase_by_phase(tmp_path, accelerate):
     assert_validation_outside_steps(steps, 2, 2 * 4 * GETITEM_MS + 2 * LOOP_MS[0])
 
 
+def test_zipped_loaders_a_teacher_a_loss_module_and_epochs_are_attributed(tmp_path):
+    """scripts/loop_shapes.py: each shape was mis-measured (review of stop 55): only the last
+    zipped loader's wait counted; a teacher's eval-mode forward dropped the student's fetch and
+    wrote a "not a DataLoader" note; the loss module's time was Forward; the epochs of a loader
+    with persistent workers (one iterator) were one epoch; the microbatch left at an epoch's end
+    held the validation after it."""
+    getitem_ms, forward_ms, loss_ms, validation_ms = 10, 20, 30, 300
+    records, stdout = traced_run(
+        tmp_path,
+        SCRIPTS / "loop_shapes.py",
+        "shapes",
+        SHAPES_GETITEM_MS=getitem_ms,
+        SHAPES_FORWARD_MS=forward_ms,
+        SHAPES_LOSS_MS=loss_ms,
+        SHAPES_VALIDATION_MS=validation_ms,
+        SHAPES_EPOCHS=3,
+    )
+    assert "SHAPES_RESULT steps=6" in stdout
+    notes = [r["message"] for r in records if r["kind"] == "event"]
+    assert not any("do not come from a torch DataLoader" in note for note in notes)
+    steps = steps_of(records)
+    stepped = [s for s in steps if s.get(schema.OPTIMIZER_STEPPED, True)]
+    left = [s for s in steps if not s.get(schema.OPTIMIZER_STEPPED, True)]
+    assert len(stepped) == 6 and [s[schema.EPOCH] for s in stepped] == [0, 0, 1, 1, 2, 2]
+    assert [s[schema.EPOCH] for s in left][:2] == [0, 1]  # (the last one closes at the exit)
+    for step in stepped:
+        # 2 microbatches of 2 samples from the slow loader, the first one's included (the
+        # teacher's forward came between its fetch and the student's).
+        assert 4 * getitem_ms * 0.9 <= step[schema.INPUT_WAIT] < 4 * getitem_ms + 15, step
+        assert 2 * forward_ms * 0.9 <= step[schema.FORWARD] < 2 * forward_ms + 15, step
+        assert step[schema.RESIDUAL] >= 2 * loss_ms * 0.9, step
+    for step in left:
+        assert step[schema.STEP] < validation_ms / 2, step  # the validation is not in it
+    after_validation = [s for s in stepped if s[schema.EPOCH] and s[schema.GLOBAL_STEP] % 2]
+    assert all(s[schema.GAP_MS] >= 0.8 * validation_ms for s in after_validation), steps
+
+
 def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):
     records, stdout = traced_run(
         tmp_path,

@@ -171,6 +171,7 @@ SCENARIOS: dict[str, Scenario] = {
     "hf_trainer.train": scenario("hf", None),
     "hf_trainer.on_train_begin": scenario("hf", None),
     "hf_trainer.on_pre_optimizer_step": scenario("hf"),
+    "hf_trainer.on_optimizer_step": scenario("hf"),
     "hf_trainer.on_step_end": scenario("hf"),
     "hf_trainer.on_train_end": scenario("hf"),
     "hf_trainer.train_failed": scenario("hf_raising", exit_code=1),

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from traceml import schema
-from traceml.capture.step_clock import RSS_EVERY_NS
+from traceml.capture.rss import RSS_EVERY_NS
 
 from procs import (
     PYTHON,

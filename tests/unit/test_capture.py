@@ -67,11 +67,11 @@ def test_gradient_accumulation_groups_microbatches():
 def test_epoch_end_flushes_a_short_group_without_optimizer_step():
     clock = StepClock(origin_ns=0)
     assert run_microbatch(clock, 0, stepped=False) is None
-    record = clock.epoch_ended(60 * MS)
+    record = clock.epoch_ended(60 * MS)  # a validation ran from 47 to 60 ms
     assert record[schema.MICROBATCHES] == 1
     assert record[schema.OPTIMIZER] is None
     assert record[schema.OPTIMIZER_STEPPED] is False
-    assert record[schema.STEP] == 60.0
+    assert record[schema.STEP] == 47.0  # its microbatch's end: the validation is the next gap
 
 
 def test_unmeasured_phase_is_null_and_its_time_goes_to_residual():

@@ -114,6 +114,27 @@ def test_a_replaced_rank_file_is_read_again_from_the_start(tmp_path):
     assert build_view(follower.ranks, run="r", collect_s=0).median_step_ms == pytest.approx(7.0)
 
 
+def test_a_rank_file_rewritten_in_place_past_the_old_offset_is_read_from_the_start(tmp_path):
+    # A run restarted into the same directory truncates the file (same inode) and, by the next
+    # poll, has written more than was read of the old one: size and inode look like growth.
+    write_rank(tmp_path, 0, [header(run="first"), *steps(10)])
+    follower = RunFollower(tmp_path)
+    follower.poll()
+    inode = os.stat(rank_file(tmp_path)).st_ino
+    with open(rank_file(tmp_path), "r+b") as handle:
+        handle.truncate(0)
+        handle.write(b"".join(line(r) for r in [header(run="second"), *steps(30, step_ms=7.0)]))
+    assert os.stat(rank_file(tmp_path)).st_ino == inode
+    assert follower.poll()
+    tail = follower.ranks[0]
+    assert tail.header[schema.RUN] == "second" and tail.steps == 30 and tail.bad_lines == 0
+    assert build_view(follower.ranks, run="r", collect_s=0).median_step_ms == pytest.approx(7.0)
+    with open(rank_file(tmp_path), "ab") as handle:  # and then it grows as any other
+        handle.write(b"".join(line(record) for record in steps(2, start=30, step_ms=7.0)))
+    follower.poll()
+    assert follower.ranks[0] is tail and tail.steps == 32 and tail.bad_lines == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # 4-6. Ways out of watch: Ctrl-C anywhere, a quiet run's panel, a reader that went away
 

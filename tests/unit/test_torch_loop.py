@@ -81,7 +81,7 @@ def test_an_evaluation_forward_drops_its_fetch_and_is_not_timed(capture):
     model.eval()
     with torch.no_grad():
         assert not capture.forward_started(model)
-    assert capture._pending is None
+    assert capture.fetches.held is None
     model.train()
     train_microbatch(capture, model, iterator_id=1, fetch_ns=(100, 104))
     assert ("fetched", 4) in capture.session.calls and ("fetched", 54) not in capture.session.calls
@@ -95,16 +95,96 @@ def test_fetches_of_one_iterator_before_a_forward_add_up(capture):
     assert ("fetched", 30) in capture.session.calls
 
 
-def test_the_epoch_ends_at_the_first_forward_fed_by_a_new_iterator(capture):
+def step(capture, optimizer):
+    capture.optimizer_started(optimizer)
+    capture.optimizer_ended(optimizer)
+
+
+def epochs_ended(capture):
+    return [c for c in capture.session.calls if c[0] == "epoch_ended"]
+
+
+def test_the_epoch_ends_at_the_first_forward_fed_by_a_fetch_after_the_loader_ran_out(capture):
     model, optimizer = torch.nn.Linear(2, 2), Optimizer()
     train_microbatch(capture, model, iterator_id=1)
     capture.iterator_exhausted(1)  # Accelerate's loader sees it one batch early
-    train_microbatch(capture, model, iterator_id=1)  # the last batch, same iterator
-    assert not any(c[0] == "epoch_ended" for c in capture.session.calls)
-    capture.optimizer_started(optimizer)
-    capture.optimizer_ended(optimizer)
+    assert capture.forward_started(model)  # the last batch, fetched before StopIteration
+    capture.forward_ended()
+    assert not epochs_ended(capture)
+    step(capture, optimizer)
     train_microbatch(capture, model, iterator_id=2)
-    assert ("epoch_ended", 1, 0) in capture.session.calls and capture.epoch == 1
+    assert epochs_ended(capture) == [("epoch_ended", 1, 0)] and capture.epoch == 1
+
+
+def test_an_epoch_whose_iterator_has_the_last_ones_id_is_still_an_epoch(capture):
+    # CPython gives the next epoch's iterator the freed one's address (its id); a loader with
+    # persistent workers resets and returns the same iterator every epoch.
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    for _epoch in range(3):
+        train_microbatch(capture, model, iterator_id=1)
+        step(capture, optimizer)
+        capture.iterator_exhausted(1)
+    train_microbatch(capture, model, iterator_id=1)
+    assert [c[2] for c in epochs_ended(capture)] == [0, 1, 2] and capture.epoch == 3
+
+
+def test_two_zipped_loaders_both_count_as_input_wait(capture):
+    # for a, b in zip(images, captions): both waits are the step's.
+    capture.fetched(1, 0, 10)
+    capture.fetched(2, 10, 90)
+    assert capture.forward_started(torch.nn.Linear(2, 2))
+    assert ("fetched", 90) in capture.session.calls
+
+
+def test_a_teachers_evaluation_forward_keeps_the_students_input_wait(capture):
+    teacher, student = torch.nn.Linear(2, 2).eval(), torch.nn.Linear(2, 2)
+    capture.fetched(1, 0, 40)
+    with torch.no_grad():
+        assert not capture.forward_started(teacher)
+    assert capture.forward_started(student)  # the same batch, no fetch between
+    capture.forward_ended()
+    assert capture.backward_started()
+    capture.backward_ended()
+    step(capture, Optimizer())
+    assert ("fetched", 40) in capture.session.calls
+    capture.finish_notes()
+    assert not any(c[0] == "note" for c in capture.session.calls)  # no "not a DataLoader"
+
+
+def test_a_validation_loops_last_batch_is_not_the_next_steps_input(capture):
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    train_microbatch(capture, model, iterator_id=1)
+    step(capture, optimizer)
+    capture.fetched(1, 100, 110)  # the next training batch, then a validation before its forward
+    model.eval()
+    for start in (200, 300):
+        capture.fetched(7, start, start + 50)
+        with torch.no_grad():
+            assert not capture.forward_started(model)
+    model.train()
+    capture.iterator_exhausted(7)
+    assert capture.forward_started(model)
+    fetches = [c for c in capture.session.calls if c[0] == "fetched"]
+    assert fetches[-1][1] < 50  # not the validation batch's 50 ns (now, now: unmeasured)
+
+
+def test_microbatches_left_at_an_epochs_end_end_with_their_last_phase():
+    """The any-loop learns that an epoch ended at the next epoch's first forward, after the
+    validation: the microbatches left without a step end where their backward did, and the open
+    one counts."""
+    from traceml.capture.step_clock import StepClock
+
+    ms = 1_000_000
+    clock = StepClock(origin_ns=0)
+    clock.fetched(0, 1 * ms)
+    clock.forward_started(1 * ms)
+    clock.forward_ended(2 * ms)
+    clock.backward_started(2 * ms)
+    clock.backward_ended(4 * ms)
+    closed = clock.epoch_closed(500 * ms)  # the validation ran from 4 ms to 500 ms
+    record = closed.record()
+    assert closed.end_ns == 4 * ms and closed.microbatches == 1
+    assert record["step_ms"] == pytest.approx(4.0)
 
 
 def test_a_second_optimizer_does_not_end_steps(capture):

@@ -66,6 +66,10 @@ class Group:
     comm_ns: dict[str, int] | None = None
     comm_count: int = 0
     comm_bytes: int = 0
+    # Where its last timed phase ended: a group closed without an optimizer step (the
+    # microbatches left at an epoch's end) ends there, not when the adapter learns the epoch
+    # is over (after validation, at the next epoch's first forward).
+    phase_end_ns: int | None = None
     # -- set when closed --
     clock: Any = None  # the StepClock: origin, comm_enabled, and its overlaps counter
     end_ns: int = 0

@@ -24,6 +24,7 @@ from traceml import console, schema
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
 from traceml.capture.recorder import RankRecorder
+from traceml.capture.rss import RSS_EVERY_NS
 from traceml.capture.session_exit import drain_device, finish_at_exit, finish_file
 from traceml.capture.session_parts import (
     CommTiming,
@@ -34,7 +35,6 @@ from traceml.capture.session_parts import (
     TelemetrySource,
     Undo,
 )
-from traceml.capture.step_clock import RSS_EVERY_NS
 from traceml.capture.undo import undo_all
 from traceml.settings import Settings
 from traceml.step_record import STEP_KEYS

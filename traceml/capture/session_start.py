@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from traceml import console, schema
-from traceml.capture import step_clock
+from traceml.capture import rss, step_clock
 from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, READY, TRACING, UNSUPPORTED
 from traceml.capture.recorder import RankRecorder, build_header
@@ -89,7 +89,7 @@ def start_session(
     session.clock = step_clock.StepClock(origin_ns=origin)
     session._clock_origin_unix = time.time() - (now - origin) / 1e9
     session.gpu = gpu
-    session._rss = step_clock.rss_reader()
+    session._rss = rss.rss_reader()
     _start_telemetry(session, device)
     session.header_extra = dict(loop_facts)
     if session.comm is not None:

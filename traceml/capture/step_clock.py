@@ -27,9 +27,6 @@ from traceml.step_record import StepRecord
 from traceml.step_rows import usual_record
 
 NS_PER_MS = 1_000_000
-# RSS (a procfs read, rss_reader: ~20 us on a cold cache here) at most this often at a step's end
-# (null between): at 10 ms it cost ~1.3 us a step on the stress loop, at 50 ms ~0.3 (stop 46).
-RSS_EVERY_NS = 50_000_000
 
 
 def ns_to_ms(value: int | None) -> float | None:
@@ -99,9 +96,11 @@ class StepClock:
             self._pending_iter = None
             input_ns += iter_end - iter_start
             window_start = iter_start
-        if self._group is None:
-            self._group = Group(window_start)
-        self._group.input_ns += input_ns
+        group = self._group
+        if group is None:
+            group = self._group = Group(window_start)
+        group.input_ns += input_ns
+        group.phase_end_ns = end_ns
         self._micro = _Microbatch()
 
     def transfer_started(self) -> None:
@@ -137,6 +136,7 @@ class StepClock:
         if micro.forward_depth == 0:
             elapsed = now_ns - micro.forward_start_ns
             group.forward_ns = (group.forward_ns or 0) + elapsed
+            group.phase_end_ns = now_ns
             if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
                 micro.nested_ns += elapsed
             return True
@@ -152,6 +152,7 @@ class StepClock:
             return
         elapsed = end_ns - start_ns
         group.forward_ns = (group.forward_ns or 0) + elapsed
+        group.phase_end_ns = end_ns
         if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
             micro.nested_ns += elapsed
 
@@ -163,6 +164,7 @@ class StepClock:
             return
         elapsed = end_ns - start_ns
         group.backward_ns = (group.backward_ns or 0) + elapsed
+        group.phase_end_ns = end_ns
         if micro.optimizer_start_ns is not None:
             if micro.optimizer_end_ns is None:
                 micro.nested_ns += elapsed
@@ -183,6 +185,7 @@ class StepClock:
         micro.backward_open = False
         elapsed = now_ns - micro.backward_start_ns
         group.backward_ns = (group.backward_ns or 0) + elapsed
+        group.phase_end_ns = now_ns
         if micro.optimizer_start_ns is not None and micro.optimizer_end_ns is None:
             micro.nested_ns += elapsed
 
@@ -252,6 +255,7 @@ class StepClock:
         if micro is None or group is None:
             return None
         group.microbatches += 1
+        group.phase_end_ns = now_ns  # where a group left without a step ends (epoch_closed)
         start, end = micro.optimizer_start_ns, micro.optimizer_end_ns
         if self.optimizer_from_backward:
             if end is None:
@@ -331,14 +335,20 @@ class StepClock:
     def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None
     ) -> ClosedStep | None:
-        """:meth:`epoch_ended` without building the record."""
-        self._micro = None
+        """:meth:`epoch_ended` without building the record. The open microbatch counts (an
+        adapter with no batch-end event learns of the epoch's end before closing it); the
+        group ends where its last timed phase did, if one was, so that what came after it
+        (validation) is the next step's gap, not this group's Residual."""
+        micro, self._micro = self._micro, None
         self._pending_iter = None
         group = self._group
+        if group is not None and micro is not None:
+            group.microbatches += 1
         if group is None or group.microbatches == 0:
             self._group = None
             return None
-        return self._close(now_ns, False, global_step, epoch)
+        end = group.phase_end_ns
+        return self._close(now_ns if end is None else end, False, global_step, epoch)
 
     def abandon(self) -> None:
         """Training stopped mid-step (exception, interrupt): the open step is not a step."""
@@ -365,35 +375,3 @@ class StepClock:
         group.index = index
         group.extra = {}
         return group
-
-
-def rss_reader():
-    """A callable returning this process's resident set size in bytes, cheaply.
-
-    Once per step matters: psutil's memory_info() opens and parses /proc/self/status (about
-    40 us); one pread of /proc/self/statm on a descriptor kept open costs a few. Falls back to
-    psutil where /proc does not exist, and to None when neither works.
-    """
-    import os
-
-    try:
-        fd = os.open("/proc/self/statm", os.O_RDONLY)
-        page = os.sysconf("SC_PAGE_SIZE")
-        pid = os.getpid()
-
-        def read_statm() -> int | None:
-            if os.getpid() != pid:  # a forked child must not read its parent's descriptor
-                return None
-            return int(os.pread(fd, 128, 0).split()[1]) * page
-
-        read_statm()
-        return read_statm
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
-    try:
-        import psutil
-
-        memory_info = psutil.Process().memory_info
-        return lambda: memory_info().rss
-    except Exception:
-        return lambda: None

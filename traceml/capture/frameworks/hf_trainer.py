@@ -9,7 +9,10 @@ transformers 5.x; see docs/any_pytorch.md):
 * the step ends at ``on_step_end`` (after clipping, the step, the scheduler and
   ``zero_grad``), with the Trainer's ``global_step``; logging, evaluation and checkpoints after
   it are the gap between steps, and ``Trainer.evaluate`` / ``predict`` never make a step;
-* ``on_pre_optimizer_step`` opens Optimizer before gradient clipping (as Lightning's does);
+* Optimizer is ``optimizer.step()`` itself, from ``on_pre_optimizer_step`` to
+  ``on_optimizer_step`` (Accelerate's scaler step and its skip included). The Trainer clips
+  the gradients before ``on_pre_optimizer_step`` and steps the scheduler and ``zero_grad``
+  after ``on_optimizer_step``: those are Residual (with Lightning, clipping is in Optimizer);
 * ``on_train_begin`` abandons an open step: ``auto_find_batch_size`` retries the whole inner
   loop with a smaller batch after an out-of-memory error;
 * the end of ``Trainer.train`` (or its exception) closes the rank file.
@@ -122,6 +125,11 @@ class StepEvents:
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.capture.tracing:
             self.capture.session.optimizer_started()
+
+    @entry_point("hf_trainer.on_optimizer_step", "the Trainer's on_optimizer_step")
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.capture.tracing:
+            self.capture.session.optimizer_ended()
 
     @entry_point("hf_trainer.on_step_end", "the Trainer's on_step_end event")
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -54,18 +54,19 @@ def instrument(trainer: Any, args: tuple, kwargs: dict) -> None:
     if settings is None:
         return
     model_config = args[1] if len(args) > 1 else kwargs.get("model_config")
+    train_config = args[0] if args else kwargs.get("train_config")
     from traceml.capture.frameworks import lightning_attach
 
     lightning_attach.attach(
         trainer,
         settings,
         integration="rfdetr",
-        unsupported_reason=unsupported_model(model_config),
+        unsupported_reason=unsupported_model(model_config, train_config),
         notes=version_notes(),
     )
 
 
-def unsupported_model(model_config: Any) -> str | None:
+def unsupported_model(model_config: Any, train_config: Any = None) -> str | None:
     """RF-DETR configurations whose step these hooks would mis-measure."""
     if model_config is None:
         return None
@@ -73,16 +74,26 @@ def unsupported_model(model_config: Any) -> str | None:
         return "RF-DETR segmentation models (segmentation_head=True)"
     if getattr(model_config, "use_grouppose_keypoints", False):
         return "RF-DETR keypoint models (they train with manual optimization)"
-    if getattr(model_config, "compile", False):
+    if getattr(model_config, "compile", False) and rfdetr_compiles(train_config):
+        return "torch.compile (model_config.compile=True; and the CUDA graphs it may capture)"
+    return None
+
+
+def rfdetr_compiles(train_config: Any) -> bool:
+    """Whether RF-DETR acts on ``compile=True``: its own condition (rfdetr/training/
+    module_model.py, 1.10-1.11), a CUDA device and a CUDA-family accelerator. Elsewhere it
+    trains eagerly and logs that it does, and the run is measured as any other."""
+    try:
+        from rfdetr.config import DEVICE as device  # RF-DETR's fork-safe device probe
+    except Exception:
         try:
             import torch
 
-            on_cuda = torch.cuda.is_available()
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         except Exception:
-            on_cuda = False
-        if on_cuda:
-            return "torch.compile (model_config.compile=True; and the CUDA graphs it may capture)"
-    return None
+            device = "cpu"
+    accelerator = str(getattr(train_config, "accelerator", "auto")).lower()
+    return device == "cuda" and accelerator in {"auto", "gpu", "cuda"}
 
 
 def version_notes() -> list[dict[str, Any]]:

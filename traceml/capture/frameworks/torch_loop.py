@@ -5,8 +5,10 @@ loss.backward(); opt.step()``), an Accelerate loop and the Hugging Face Trainer 
 same torch calls; this adapter drives a :class:`~traceml.capture.session.Session` from them:
 
     DataLoader iterator ``__next__``  -> Input Wait (only the fetches that feed a training
-                                         forward; a validation loader's fetches are dropped)
-    outermost module call, grad enabled, module in train mode   -> Forward
+                                         forward, of every loader zipped; a validation
+                                         loader's fetches are dropped)
+    outermost call of a module with parameters, grad enabled, in train mode -> Forward
+                                         (a loss module outside the model is Residual)
     ``torch.autograd.backward`` (``Tensor.backward`` ends there) -> Backward
     optimizer step (torch.optim's global step pre/post hooks)    -> Optimizer, and the end of
                                                                     the step
@@ -41,6 +43,7 @@ from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
 from .torch_loop_facts import loop_facts, module_device, rank_info, scripted
+from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
 
 # Trained through a Lightning callback (RF-DETR builds a pytorch_lightning Trainer).
@@ -64,11 +67,8 @@ class LoopCapture:
         self.optimizer_ref: Any = None  # the optimizer whose step ends a step (the first seen)
         self.steps = 0
         self.epoch = 0
-        # Fetches not yet known to feed a training forward: (iterator id, first start, ns).
-        self._pending: tuple[int, int, int] | None = None
-        self._train_iterator: int | None = None
+        self.fetches = Fetches()  # fetches not yet known to feed a training forward
         self._backward_done = False
-        self._epoch_over = False
         self._backward_depth = 0
         self._forward_depth = 0
         self._noted: set[str] = set()
@@ -146,7 +146,8 @@ class LoopCapture:
         if not session.open(rank_info()):
             self.hooks.remove()
             return False
-        origin = self._pending[1] if self._pending is not None else None
+        held = self.fetches.for_training()
+        origin = held[1] if held is not None else None
         session.start(
             device, loop_facts(), gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
         )
@@ -165,18 +166,14 @@ class LoopCapture:
     def fetched(self, iterator_id: int, start: int, end: int) -> None:
         if self.thread is not None and threading.get_ident() != self.thread:
             return
-        pending = self._pending
-        if pending is not None and pending[0] == iterator_id:
-            self._pending = (iterator_id, pending[1], pending[2] + end - start)
-        else:
-            self._pending = (iterator_id, start, end - start)
+        self.fetches.fetched(iterator_id, start, end)
 
     @entry_point("torch_loop.epoch_end", "a DataLoader iterator ran out (StopIteration)")
     def iterator_exhausted(self, iterator_id: int) -> None:
-        # The epoch ends at the next training forward fed by another iterator: a prefetching
-        # loader (Accelerate's) sees StopIteration one batch before the loop does.
-        if iterator_id == self._train_iterator and self.tracing:
-            self._epoch_over = True
+        # The epoch ends at the next training forward fed by a fetch made after this: a
+        # prefetching loader (Accelerate's) sees StopIteration one batch before the loop does.
+        if self.tracing:
+            self.fetches.exhausted(iterator_id)
 
     @entry_point("torch_loop.forward_pre_hook", "before the outermost module call")
     def forward_started(self, module: Any) -> bool:
@@ -184,8 +181,8 @@ class LoopCapture:
         import torch
 
         if not (module.training and torch.is_grad_enabled()) or torch.is_inference_mode_enabled():
-            if self._forward_depth == 0 and module.training is False:
-                self._pending = None  # an evaluation batch: its fetch is not Input Wait
+            if self._forward_depth == 0:
+                self.fetches.evaluated()  # not Input Wait, unless a training forward follows
             return False
         if self.session is None:
             if self.stood_down or not self._begin(module):
@@ -204,29 +201,22 @@ class LoopCapture:
     def _microbatch_boundary(self, session: Session) -> None:
         """A forward after a new fetch, or after a backward, starts a microbatch."""
         clock = session.clock
-        pending = self._pending
+        fetches = self.fetches
+        pending = fetches.for_training()
         if clock.in_microbatch and pending is None and not self._backward_done:
             return  # a second forward of the same microbatch (two models, a loss module)
-        if self._epoch_over and pending is not None and pending[0] != self._train_iterator:
-            self._epoch_over = False
-            session.epoch_ended(self.steps, self.epoch)  # microbatches left without a step
+        if fetches.epoch_turned(pending):
+            # The microbatches left without a step: closed where their last phase ended.
+            session.epoch_ended(self.steps, self.epoch)
             self.epoch += 1
         if clock.in_microbatch:
             session.batch_ended(self.steps, self.epoch)  # no optimizer step: accumulation
+        fetches.take(pending)
         if pending is not None:
-            self._train_iterator = pending[0]
             session.fetched(pending[1], pending[1] + pending[2])
         else:
             now = clock_ns()
             session.fetched(now, now)
-            if self._train_iterator is None:
-                self.note_once(
-                    "no-loader",
-                    "training batches do not come from a torch DataLoader: Input Wait is not "
-                    "measured (0)",
-                    level="info",
-                )
-        self._pending = None
         self._backward_done = False
 
     @entry_point("torch_loop.forward_hook", "after the outermost module call")
@@ -335,7 +325,7 @@ class LoopCapture:
 
     def abandon_step(self) -> None:
         """The open step is not a step (the framework starts its loop over)."""
-        self._pending = None
+        self.fetches.drop()
         self._backward_done = False
         self._backward_depth = self._forward_depth = 0
         if self.session is not None:
@@ -347,6 +337,15 @@ class LoopCapture:
         """Honest limits, said once in the rank file before its footer."""
         if self.session is None:
             return
+        if self.steps and not self.fetches.train_iterators:
+            # Said at the end: a first step whose fetch went to an evaluation (a validation
+            # run before the first training forward) is no proof that there is no loader.
+            self.note_once(
+                "no-loader",
+                "training batches do not come from a torch DataLoader: Input Wait is not "
+                "measured (0)",
+                level="info",
+            )
         if self.steps == 0:
             self.note_once(
                 "no-step",

@@ -39,6 +39,12 @@ def _compiler_check() -> Any:
 _compiling = _compiler_check()
 
 
+def _parameter_free(module: Any) -> bool:
+    for _parameter in module.parameters():
+        return False
+    return True
+
+
 class LoopHooks:
     def __init__(self, capture: Any) -> None:
         self.capture = capture
@@ -73,6 +79,13 @@ class LoopHooks:
         depth = self._depth
         self._depth = depth + 1
         if depth == 0:
+            if self._forward_handles and _parameter_free(module):
+                # A loss (``nn.CrossEntropyLoss()(out, y)``) or an augmentation module called
+                # outside the model: not the model's Forward (Residual, as the loss is with
+                # Lightning), and never a root. Roots are found while the hooks are global,
+                # so later steps pay nothing for this.
+                self._outer_timed = False
+                return
             timed = self.capture.forward_started(module)
             self._outer_timed = bool(timed)
             if timed and self._forward_handles:  # still global: remember the root
