@@ -118,6 +118,72 @@ def test_the_transfer_and_optimizer_doors_time_only_the_traced_strategy(one_door
     assert dict(vars(Steps)) == originals  # the class as it was, function for function
 
 
+class LightningSignatures:
+    """Lightning's own Strategy signatures (2.x): the doors with the same parameters."""
+
+    def batch_to_device(self, batch, device=None, dataloader_idx=0):
+        return (batch, device, dataloader_idx)
+
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        return (closure_loss, optimizer, args, kwargs)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        return (optimizer, closure, model, kwargs)
+
+
+def test_lightnings_own_strategy_methods_get_the_doors_with_their_parameters():
+    from lightning.pytorch.strategies import Strategy as LightningStrategy
+
+    from traceml.capture.class_doors import takes
+
+    names = {
+        "batch_to_device": (("self", "batch", "device", "dataloader_idx"), (None, 0), 0),
+        "backward": (("self", "closure_loss", "optimizer"), None, 3),
+        "optimizer_step": (("self", "optimizer", "closure", "model"), (None,), 2),
+    }
+    for name, (params, defaults, rest) in names.items():
+        assert takes(vars(LightningStrategy)[name], params, defaults, rest), name
+        assert takes(vars(LightningSignatures)[name], params, defaults, rest), name
+        assert not takes(vars(LightningSignatures)[name], params[:-1], defaults, rest), name
+
+    class Doors:
+        needs_start_doors = staticmethod(lambda: False)
+
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def __call__(self, event) -> None:
+            self.calls.append(event[0])
+
+    originals = dict(vars(LightningSignatures))
+    strategy, other, doors = LightningSignatures(), LightningSignatures(), Doors()
+    instruments = Instruments(doors)
+    instruments.one_door, instruments.doors = True, doors
+    instruments._wrap_transfer(strategy)
+    instruments._wrap_optimizer_step(strategy)
+    instruments._wrap_backward_once(strategy, InBackward())
+    assert vars(LightningSignatures)["batch_to_device"].__code__.co_argcount == 4
+    for target in (strategy, other):  # every call passes on what it was given, as untraced
+        assert target.batch_to_device("b", dataloader_idx=3) == ("b", None, 3)
+        assert target.batch_to_device("b", "cpu") == ("b", "cpu", 0)
+        assert target.backward("l", "o") == ("l", "o", (), {})
+        assert target.backward("l", "o", 1, k=2) == ("l", "o", (1,), {"k": 2})
+        assert target.optimizer_step("o", "c") == ("o", "c", None, {})
+        assert target.optimizer_step("o", "c", model="m", k=2) == ("o", "c", "m", {"k": 2})
+    assert doors.calls == [
+        "lightning.batch_transferred",
+        "lightning.batch_transferred",
+        "lightning.backward_timed",
+        "lightning.backward_timed",
+        "lightning.optimizer_stepped",
+        "lightning.optimizer_stepped",
+    ]  # the traced strategy's calls only
+    with pytest.raises(TypeError, match=r"batch_to_device\(\) got an unexpected keyword"):
+        strategy.batch_to_device("b", nope=1)
+    instruments.remove()
+    assert dict(vars(LightningSignatures)) == originals
+
+
 class Fetcher:
     def __init__(self, batches):
         self.batches = list(batches)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traceml.capture import class_doors
+from traceml.capture.exact_doors import call_before, one_door_forward
 
 # A class that copies itself by any of these may copy its __dict__ as is, the wrapper with it.
 _OWN_COPYING = ("__deepcopy__", "__copy__", "__reduce__", "__reduce_ex__")
@@ -169,6 +170,11 @@ def wrap_forward_once(
     _traceml_clock, _traceml_log, _traceml_door, _traceml_inside = clock, log, door, inside
 
     def make(_traceml_call: Any, _traceml_target: Any) -> Any:
+        exact = one_door_forward(
+            _traceml_call, _traceml_call, _traceml_target, clock, log, door, inside
+        )
+        if exact is not None:  # the forward's own parameters: nothing packed and passed on
+            return exact
         _traceml_depth = 0  # 1 inside the outermost call of the traced module
 
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -259,6 +265,10 @@ def call_before_method(module: Any, name: str, before: Callable[[], Any]) -> Cal
     _traceml_before = before
 
     def make(_traceml_call: Any, _traceml_target: Any) -> Any:
+        exact = call_before(_traceml_call, _traceml_call, _traceml_target, before)
+        if exact is not None:  # the method's own parameters: nothing packed and passed on
+            return exact
+
         def door(self: Any, *args: Any, **kwargs: Any) -> Any:
             if self is _traceml_target.obj():
                 _traceml_before()

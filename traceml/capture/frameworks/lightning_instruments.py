@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceml.capture.class_doors import door_on_class
+from traceml.capture.class_doors import door_on_class, takes
 from traceml.capture.clock import clock_ns
 from traceml.capture.forward_hooks import (
     add_forward_hooks,
@@ -233,7 +233,20 @@ class Instruments:
         observer, log = self.observer, self.doors
 
         def make(step: Any, target: Any) -> Any:
-            if self.one_door:
+            if self.one_door and takes(step, ("self", "optimizer", "closure", "model"), (None,), 2):
+
+                def timed_optimizer_step(
+                    this: Any, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any
+                ) -> Any:
+                    if kwargs:
+                        result = step(this, optimizer, closure, model, **kwargs)
+                    else:  # Lightning's own call: nothing more to pass on
+                        result = step(this, optimizer, closure, model)
+                    if this is target.obj:
+                        log((STEPPED_DOOR, clock_ns()))
+                    return result
+
+            elif self.one_door:
 
                 def timed_optimizer_step(this: Any, *args: Any, **kwargs: Any) -> Any:
                     result = step(this, *args, **kwargs)  # the user's errors pass through
@@ -267,6 +280,20 @@ class Instruments:
                     result = transfer(this, *args, **kwargs)
                     if token is not None:
                         observer.transferred(token)
+                    return result
+
+            elif one_door and takes(
+                transfer, ("self", "batch", "device", "dataloader_idx"), (None, 0)
+            ):
+
+                def timed_batch_to_device(
+                    this: Any, batch: Any, device: Any = None, dataloader_idx: int = 0
+                ) -> Any:
+                    if this is not target.obj:
+                        return transfer(this, batch, device, dataloader_idx)
+                    start = clock_ns()
+                    result = transfer(this, batch, device, dataloader_idx)
+                    log((H2D_DOOR, start, clock_ns()))
                     return result
 
             elif one_door:
@@ -317,6 +344,25 @@ class Instruments:
         log = self.doors
 
         def make(backward: Any, target: Any) -> Any:
+            if takes(backward, ("self", "closure_loss", "optimizer"), None, 3):
+
+                def timed_backward_named(
+                    this: Any, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any
+                ) -> Any:
+                    if inside.depth or this is not target.obj:
+                        return backward(this, closure_loss, optimizer, *args, **kwargs)
+                    inside.depth = 1
+                    start = clock_ns()
+                    try:
+                        if args or kwargs:
+                            return backward(this, closure_loss, optimizer, *args, **kwargs)
+                        return backward(this, closure_loss, optimizer)  # Lightning's own call
+                    finally:
+                        inside.depth = 0
+                        log((BACKWARD_DOOR, start, clock_ns()))
+
+                return timed_backward_named
+
             def timed_backward(this: Any, *args: Any, **kwargs: Any) -> Any:
                 if inside.depth or this is not target.obj:
                     return backward(this, *args, **kwargs)
