@@ -157,16 +157,52 @@ def test_zipped_loaders_a_teacher_a_loss_module_and_epochs_are_attributed(tmp_pa
     left = [s for s in steps if not s.get(schema.OPTIMIZER_STEPPED, True)]
     assert len(stepped) == 6 and [s[schema.EPOCH] for s in stepped] == [0, 0, 1, 1, 2, 2]
     assert [s[schema.EPOCH] for s in left][:2] == [0, 1]  # (the last one closes at the exit)
-    for step in stepped:
+    for index, step in enumerate(stepped):
         # 2 microbatches of 2 samples from the slow loader, the first one's included (the
-        # teacher's forward came between its fetch and the student's).
-        assert 4 * getitem_ms * 0.9 <= step[schema.INPUT_WAIT] < 4 * getitem_ms + 15, step
+        # teacher's forward came between its fetch and the student's). The first step's also
+        # waits for the other loader's worker to start.
+        assert 4 * getitem_ms * 0.9 <= step[schema.INPUT_WAIT], step
+        assert index == 0 or step[schema.INPUT_WAIT] < 4 * getitem_ms + 15, step
         assert 2 * forward_ms * 0.9 <= step[schema.FORWARD] < 2 * forward_ms + 15, step
         assert step[schema.RESIDUAL] >= 2 * loss_ms * 0.9, step
     for step in left:
         assert step[schema.STEP] < validation_ms / 2, step  # the validation is not in it
     after_validation = [s for s in stepped if s[schema.EPOCH] and s[schema.GLOBAL_STEP] % 2]
     assert all(s[schema.GAP_MS] >= 0.8 * validation_ms for s in after_validation), steps
+
+
+NO_LOADER = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for start in range(0, 64, 8):  # tensors indexed by hand: no DataLoader
+    loss = ((model(x[start : start + 8]) - y[start : start + 8]) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print("NO_LOADER_DONE")
+"""
+
+
+def test_batches_from_no_dataloader_have_input_wait_null_and_the_report_says_so(tmp_path):
+    # Input Wait was 0 ("not measured (0)"): rule 2 says unmeasured is null.
+    script = tmp_path / "no_loader.py"
+    script.write_text(NO_LOADER)
+    env = traced_env(tmp_path / "logs", "noloader")
+    result = run([PYTHON, script], env, tmp_path, timeout=300)
+    assert result.returncode == 0 and "NO_LOADER_DONE" in result.stdout, result.stderr[-3000:]
+    records = rank_records(tmp_path / "logs" / "noloader")
+    steps = steps_of(records)
+    assert len(steps) == 8 and all(s[schema.INPUT_WAIT] is None for s in steps)
+    for step in steps:
+        named = sum(step.get(phase) or 0 for phase in schema.PHASES)
+        assert abs(named - step[schema.STEP]) < 0.01
+    assert any("do not come from a torch DataLoader" in r.get("message", "") for r in records)
+    report = run([PYTHON, "-m", "traceml", "report", tmp_path / "logs" / "noloader"], env, tmp_path)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "Traceback" not in report.stdout + report.stderr
 
 
 def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):

@@ -133,6 +133,36 @@ def test_accumulated_microbatches_sum_their_intervals():
     assert done[schema.GPU_STEP] == 30
 
 
+def test_a_step_ended_at_its_last_phase_leaves_the_validation_after_it_out():
+    """Microbatches left without an optimizer step at an epoch's end are closed after the
+    validation that followed them (the any-loop learns of the epoch's end at the next epoch's
+    first forward): their device step ends with their last phase, as their host step does."""
+    device = FakeDevice()
+    created = []
+
+    def new_event():
+        created.append(FakeEvent(device))
+        return created[-1]
+
+    timer = CudaStepTimer(new_event=new_event)
+    device.now = 0
+    timer.step_started()
+    for phase, begin, end in (("forward", 1, 4), ("backward", 4, 9)):
+        device.now = begin
+        timer.phase_started(phase)
+        device.now = end
+        timer.phase_ended(phase)
+    device.now = 500  # the validation's device work, then the epoch is known to be over
+    record = StepRecord()
+    timer.step_ended(record, at_last_phase=True)
+    device.completed_until = 500
+    (done,) = list(timer.ready())
+    assert done[schema.GPU_STEP] == 9 and done[schema.GPU_BACKWARD] == 5
+    # No end event of its own: the backward's end, recycled once (twice, two later events
+    # would be the same one).
+    assert len(created) == 5 and len({id(event) for event in timer._free}) == 5
+
+
 def test_abandoned_step_is_never_reported():
     device = FakeDevice()
     timer, _ = make_timer(device)

@@ -145,6 +145,8 @@ def test_lightnings_own_strategy_methods_get_the_doors_with_their_parameters():
         assert takes(vars(LightningStrategy)[name], params, defaults, rest), name
         assert takes(vars(LightningSignatures)[name], params, defaults, rest), name
         assert not takes(vars(LightningSignatures)[name], params[:-1], defaults, rest), name
+    batch_to_device = vars(LightningSignatures)["batch_to_device"]
+    assert not takes(batch_to_device, names["batch_to_device"][0], (None, False), 0)
 
     class Doors:
         needs_start_doors = staticmethod(lambda: False)

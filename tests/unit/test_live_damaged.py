@@ -114,20 +114,35 @@ def test_a_replaced_rank_file_is_read_again_from_the_start(tmp_path):
     assert build_view(follower.ranks, run="r", collect_s=0).median_step_ms == pytest.approx(7.0)
 
 
+def written_header(pid: int, steps_ms: float) -> dict:
+    """A header in recorder.build_header's key order: the run's step keys (~800 bytes, the same
+    for every run of a version) come before its pid and start time."""
+    from traceml.step_record import STEP_FIELD_OF_KEY
+
+    theirs = header(run="same-name")
+    ours = {key: theirs[key] for key in (schema.KIND, schema.SCHEMA)}
+    ours[schema.HEADER_STEP_KEYS] = STEP_FIELD_OF_KEY
+    ours.update(theirs)
+    ours[schema.PID] = pid
+    ours[schema.STARTED_AT] = f"2026-01-01T00:00:{int(steps_ms):02d}+00:00"
+    return ours
+
+
 def test_a_rank_file_rewritten_in_place_past_the_old_offset_is_read_from_the_start(tmp_path):
     # A run restarted into the same directory truncates the file (same inode) and, by the next
     # poll, has written more than was read of the old one: size and inode look like growth.
-    write_rank(tmp_path, 0, [header(run="first"), *steps(10)])
+    # Only the header's pid and start time differ, ~850 bytes in (found by review).
+    write_rank(tmp_path, 0, [written_header(1, 5.0), *steps(10)])
     follower = RunFollower(tmp_path)
     follower.poll()
     inode = os.stat(rank_file(tmp_path)).st_ino
     with open(rank_file(tmp_path), "r+b") as handle:
         handle.truncate(0)
-        handle.write(b"".join(line(r) for r in [header(run="second"), *steps(30, step_ms=7.0)]))
+        handle.write(b"".join(line(r) for r in [written_header(2, 7.0), *steps(30, step_ms=7.0)]))
     assert os.stat(rank_file(tmp_path)).st_ino == inode
     assert follower.poll()
     tail = follower.ranks[0]
-    assert tail.header[schema.RUN] == "second" and tail.steps == 30 and tail.bad_lines == 0
+    assert tail.header[schema.PID] == 2 and tail.steps == 30 and tail.bad_lines == 0
     assert build_view(follower.ranks, run="r", collect_s=0).median_step_ms == pytest.approx(7.0)
     with open(rank_file(tmp_path), "ab") as handle:  # and then it grows as any other
         handle.write(b"".join(line(record) for record in steps(2, start=30, step_ms=7.0)))

@@ -134,8 +134,15 @@ def takes(function: Any, names: tuple[str, ...], defaults: Any, rest: int = 0) -
         and not code.co_kwonlyargcount
         and not code.co_posonlyargcount
         and flags == rest
-        and function.__defaults__ == defaults
+        and _same_defaults(function.__defaults__, defaults)
     )
+
+
+def _same_defaults(theirs: Any, ours: Any) -> bool:
+    """Equal and of the same types (``(None, False) == (None, 0)`` is not the same default)."""
+    if theirs is None or ours is None:
+        return theirs is ours
+    return theirs == ours and [type(x) for x in theirs] == [type(x) for x in ours]
 
 
 def _nobody() -> None:

@@ -57,7 +57,7 @@ class Group:
     ``__init__`` sets only the start, for the same reason."""
 
     microbatches: int = 0
-    input_ns: int = 0
+    input_ns: int | None = 0  # None: unmeasured (StepClock.fetch_unmeasured)
     h2d_ns: int | None = None
     forward_ns: int | None = None
     backward_ns: int | None = None
@@ -102,7 +102,8 @@ class Group:
         # display. The flusher builds ~1,000 of these a second on a fast loop, holding the GIL
         # that the training thread wants.
         if (
-            None not in (h2d, forward, backward, optimizer, self.last_end_ns, self.global_step)
+            None not in (group.input_ns, h2d, forward, backward, optimizer, self.last_end_ns)
+            and self.global_step is not None
             and self.epoch is not None
             and self.optimizer_stepped
             and group.microbatches == 1
@@ -110,8 +111,8 @@ class Group:
         ):
             return self._usual(h2d, forward, backward, optimizer)  # type: ignore[arg-type]
         step_ns = self.end_ns - group.start_ns
-        residual_ns = step_ns - group.input_ns
-        for value in (h2d, forward, backward, optimizer):
+        residual_ns = step_ns
+        for value in (group.input_ns, h2d, forward, backward, optimizer):
             if value is not None:
                 residual_ns -= value
         if residual_ns < 0:
@@ -159,13 +160,18 @@ class Group:
             group.backward_ns,
             group.optimizer_ns,
         )
-        input_us = (group.input_ns + 500) // 1000
+        input_ns = group.input_ns
+        input_us = None if input_ns is None else (input_ns + 500) // 1000
         h2d_us = None if h2d is None else (h2d + 500) // 1000
         forward_us = None if forward is None else (forward + 500) // 1000
         backward_us = None if backward is None else (backward + 500) // 1000
         optimizer_us = None if optimizer is None else (optimizer + 500) // 1000
         named_us = (
-            input_us + (h2d_us or 0) + (forward_us or 0) + (backward_us or 0) + (optimizer_us or 0)
+            (input_us or 0)
+            + (h2d_us or 0)
+            + (forward_us or 0)
+            + (backward_us or 0)
+            + (optimizer_us or 0)
         )
         step_us = (step_ns + 500) // 1000
         residual_us = step_us - named_us
@@ -187,7 +193,8 @@ class Group:
         if self.last_end_ns is not None:
             record[_GAP] = ((group.start_ns - self.last_end_ns + 500) // 1000) / 1000.0
         record[_STEP] = step_us / 1000.0
-        record[_INPUT_WAIT] = input_us / 1000.0
+        if input_us is not None:  # null: batches from no timed loader (any-loop capture)
+            record[_INPUT_WAIT] = input_us / 1000.0
         if h2d_us is not None:
             record[_H2D] = h2d_us / 1000.0
         if forward_us is not None:

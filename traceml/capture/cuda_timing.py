@@ -60,6 +60,7 @@ class _PendingStep:
     end: EventLike
     intervals: dict[str, list[tuple[EventLike, EventLike]]]
     comm: dict[str, list[tuple[EventLike, EventLike]]] | None = None
+    end_is_a_phases: bool = False  # ``end`` is also an interval's (recycled once)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class CudaStepTimer:
     _step_start: EventLike | None = None
     _open: dict[str, EventLike] = field(default_factory=dict)
     _intervals: dict[str, list[tuple[EventLike, EventLike]]] = field(default_factory=dict)
+    _last_end: EventLike | None = None  # the latest phase interval's end, this step
     _pending: deque[_PendingStep] = field(default_factory=deque)
     # Distributed runs: device time of waits on other ranks, by phase (see add_comm).
     comm_enabled: bool = False
@@ -105,7 +107,8 @@ class CudaStepTimer:
     def phase_ended(self, phase: str) -> None:
         start = self._open.pop(phase, None)
         if start is not None:
-            self._intervals.setdefault(phase, []).append((start, self._event()))
+            end = self._last_end = self._event()
+            self._intervals.setdefault(phase, []).append((start, end))
 
     def mark(self) -> EventLike:
         """An event recorded now on the current stream (a collective's start or end)."""
@@ -123,12 +126,16 @@ class CudaStepTimer:
             return
         self._comm.setdefault(phase, []).append((start, end))
 
-    def step_ended(self, record: dict[str, Any]) -> None:
-        """Queue ``record``: its GPU fields are filled once the device has caught up."""
+    def step_ended(self, record: dict[str, Any], at_last_phase: bool = False) -> None:
+        """Queue ``record``: its GPU fields are filled once the device has caught up.
+        ``at_last_phase``: the step ends where its last phase did (microbatches left without
+        an optimizer step, closed after the validation that followed them), not now."""
         if self._step_start is None:
             return
         for phase in list(self._open):
             self.phase_ended(phase)
+        last, self._last_end = self._last_end, None
+        shared = at_last_phase and last is not None
         if self.peak_allocated is not None:
             record[_K[schema.MEM_PEAK_ALLOCATED]] = int(self.peak_allocated())
         if self.peak_reserved is not None:
@@ -136,9 +143,10 @@ class CudaStepTimer:
         pending = _PendingStep(
             record,
             self._step_start,
-            self._event(),
+            last if shared else self._event(),
             self._intervals,
             self._comm if self.comm_enabled else None,
+            shared,
         )
         self._pending.append(pending)
         self._step_start = None
@@ -146,7 +154,7 @@ class CudaStepTimer:
         self._comm = {}
 
     def abandon_step(self) -> None:
-        self._step_start = None
+        self._step_start = self._last_end = None
         self._open.clear()
         self._intervals = {}
         self._comm = {}
@@ -185,7 +193,7 @@ class CudaStepTimer:
             pairs = pending.intervals.get(phase)
             if pairs:
                 record[key] = _ms(sum(start.elapsed_time(end) for start, end in pairs))
-        events = [pending.start, pending.end]
+        events = [pending.start] if pending.end_is_a_phases else [pending.start, pending.end]
         for pairs in pending.intervals.values():
             for start, end in pairs:
                 events.extend((start, end))

@@ -144,7 +144,7 @@ class Session:
         if self.life.state is TRACING:
             self.clock.iterator_created(start, end)
 
-    def fetched(self, start: int, end: int) -> None:
+    def fetched(self, start: int | None, end: int) -> None:
         if self.life.state is not TRACING:
             return
         starts_step = self.gpu is not None and not self.clock.in_step  # no call without a device
@@ -266,7 +266,7 @@ class Session:
         extra[_COST_KEY] = self.cost_field(self.cost_ns())
         if self.gpu is not None:
             record = closed.record()
-            self.gpu.step_ended(record)
+            self.gpu.step_ended(record, not closed.optimizer_stepped)
             for finished in self.gpu.ready():
                 self._write_step(finished)
         else:  # _write_step, inlined: the callers checked the state (TRACING) just now

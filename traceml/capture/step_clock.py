@@ -87,8 +87,12 @@ class StepClock:
         """
         self._pending_iter = (start_ns, end_ns)
 
-    def fetched(self, start_ns: int, end_ns: int) -> None:
-        """The training loop got a batch from its DataLoader: a microbatch begins."""
+    def fetched(self, start_ns: int | None, end_ns: int) -> None:
+        """The training loop got a batch from its DataLoader: a microbatch begins. ``start_ns``
+        None: from no timed loader (:meth:`fetch_unmeasured`)."""
+        if start_ns is None:
+            self.fetch_unmeasured(end_ns)
+            return
         input_ns = end_ns - start_ns
         window_start = start_ns
         if self._pending_iter is not None:
@@ -99,8 +103,18 @@ class StepClock:
         group = self._group
         if group is None:
             group = self._group = Group(window_start)
-        group.input_ns += input_ns
+        group.input_ns = (group.input_ns or 0) + input_ns
         group.phase_end_ns = end_ns
+        self._micro = _Microbatch()
+
+    def fetch_unmeasured(self, now_ns: int) -> None:
+        """A microbatch begins whose batch came from no timed DataLoader: its step's Input
+        Wait is unmeasured (null), unless another of its microbatches measured one."""
+        group = self._group
+        if group is None:
+            group = self._group = Group(now_ns)
+            group.input_ns = None
+        group.phase_end_ns = now_ns
         self._micro = _Microbatch()
 
     def transfer_started(self) -> None:

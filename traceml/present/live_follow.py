@@ -25,7 +25,6 @@ from traceml.present.live_settings import DEFAULT_WINDOW
 # step line is ~0.6 KB), so catching up on a day-old run costs the same as on a new one.
 _TAIL_BYTES = 512 * 1024
 _HEAD_BYTES = 64 * 1024
-_SAME_HEAD_BYTES = 256  # compared at each read to tell a file rewritten in place
 # A "line" this long without a newline is not a record being written: drop it.
 _MAX_PENDING = 1024 * 1024
 # A rank file that has not grown for this long, whose process is gone, is a dead rank; a
@@ -51,8 +50,8 @@ class RankTail:
     recent: deque[dict[str, Any]] = field(default_factory=deque)
     grown_at: float | None = None  # monotonic time the file last grew (set by the follower)
     inode: int | None = None  # the file's identity: another inode is a rewritten file
-    # Its first bytes as first read (the header: a run's own pid and start time): other bytes
-    # there are a file truncated and written again in place, past the old offset by now.
+    # Its first line as first read (the header: a run's own pid and start time): another
+    # first line is a file truncated and written again in place, past the old offset by now.
     head: bytes = b""
     dead: bool = False  # its process is gone and it never wrote a footer
 
@@ -194,12 +193,14 @@ class RunFollower:
         """Read what the file gained; None where its head is no longer what was read."""
         try:
             with open(tail.path, "rb") as handle:
-                if tail.offset:
-                    if tail.head and handle.read(len(tail.head)) != tail.head:
+                if tail.head:
+                    if handle.read(len(tail.head)) != tail.head:
                         return None
-                elif not tail.head:
-                    tail.head = handle.read(_SAME_HEAD_BYTES)
-                    handle.seek(0)
+                else:  # the header line, once written whole (its pid and start time)
+                    first = handle.read(_HEAD_BYTES)
+                    cut = first.find(b"\n")
+                    tail.head = first[: cut + 1] if cut >= 0 else b""
+                handle.seek(0)
                 backlog = size - tail.offset
                 if tail.offset == 0 and backlog > _HEAD_BYTES + 2 * _TAIL_BYTES:
                     # The header and the first step (the start of the rank's clock) are at the

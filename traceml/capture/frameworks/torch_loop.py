@@ -163,17 +163,17 @@ class LoopCapture:
     # -- boundaries (called by the hooks in torch_loop_hooks) --------------------------------
 
     @entry_point("torch_loop.fetch", "after a DataLoader iterator's __next__ returned a batch")
-    def fetched(self, iterator_id: int, start: int, end: int) -> None:
+    def fetched(self, iterator: Any, start: int, end: int) -> None:
         if self.thread is not None and threading.get_ident() != self.thread:
             return
-        self.fetches.fetched(iterator_id, start, end)
+        self.fetches.fetched(iterator, start, end)
 
     @entry_point("torch_loop.epoch_end", "a DataLoader iterator ran out (StopIteration)")
-    def iterator_exhausted(self, iterator_id: int) -> None:
+    def iterator_exhausted(self, iterator: Any) -> None:
         # The epoch ends at the next training forward fed by a fetch made after this: a
         # prefetching loader (Accelerate's) sees StopIteration one batch before the loop does.
-        if self.tracing:
-            self.fetches.exhausted(iterator_id)
+        if self.tracing and threading.get_ident() == self.thread:
+            self.fetches.exhausted(iterator)
 
     @entry_point("torch_loop.forward_pre_hook", "before the outermost module call")
     def forward_started(self, module: Any) -> bool:
@@ -181,7 +181,7 @@ class LoopCapture:
         import torch
 
         if not (module.training and torch.is_grad_enabled()) or torch.is_inference_mode_enabled():
-            if self._forward_depth == 0:
+            if self._forward_depth == 0 and self.thread in (None, threading.get_ident()):
                 self.fetches.evaluated()  # not Input Wait, unless a training forward follows
             return False
         if self.session is None:
@@ -214,9 +214,11 @@ class LoopCapture:
         fetches.take(pending)
         if pending is not None:
             session.fetched(pending[1], pending[1] + pending[2])
-        else:
+        elif fetches.train_iterators:  # fetched with an earlier microbatch (the HF Trainer)
             now = clock_ns()
             session.fetched(now, now)
+        else:  # no DataLoader fed training yet: unmeasured, null (rule 2), not 0
+            session.fetched(None, clock_ns())
         self._backward_done = False
 
     @entry_point("torch_loop.forward_hook", "after the outermost module call")
@@ -343,7 +345,7 @@ class LoopCapture:
             self.note_once(
                 "no-loader",
                 "training batches do not come from a torch DataLoader: Input Wait is not "
-                "measured (0)",
+                "measured (null)",
                 level="info",
             )
         if self.steps == 0:

@@ -1,68 +1,101 @@
 """Which DataLoader fetches feed a training forward, and where an epoch turns (any-loop).
 
 The any-loop capture sees every torch DataLoader iterator's ``__next__`` and every outermost
-module call; nothing says which loader trains. A fetch is held until the next forward:
+call of a root module; nothing says which loader trains. Fetches are held, per iterator, until
+the next training forward:
 
-* a training forward takes every fetch held (loaders zipped in one step add up);
-* an evaluation forward sets them aside: a training forward right after it, with no fetch
-  between, trains on that same batch (a frozen teacher in eval mode, then the student), unless
-  the training loaders are known and none of them made it; any new fetch, or the evaluation
-  loader running out, drops them (a validation loop's batches are not Input Wait);
-* an epoch ends at the first training forward fed by a fetch made after a training loader ran
-  out. Not "by another iterator": CPython gives a new iterator the freed one's id, and a loader
-  with persistent workers keeps one iterator for every epoch.
+* a training forward takes every fetch held (loaders zipped in one step add up); the iterators
+  it took from are the training iterators from then on;
+* an iterator that runs out drops what it holds, unless it trains, and so does one freed before
+  a training forward: they fed none (an evaluation loop's batches, also where its forwards are
+  not seen: a module traceml does not hook, an EMA copy, after the first step);
+* an evaluation forward sets what is held aside: a training forward right after it, with no
+  fetch between, trains on that same batch (a frozen teacher in eval mode, then the student),
+  unless the training iterators are known and none of them made it; any new fetch drops it;
+* an epoch ends at the first training forward fed by a fetch made after a training iterator
+  ran out; the first fetch after it drops what was held before (the batch a longer loader
+  zipped with a shorter one gave for nothing). Not "by another iterator": a loader with
+  persistent workers keeps one iterator for every epoch.
 
-Pure bookkeeping over ints, no torch: the capture's guarded entry points call it.
+Iterators are known by weak reference, not ``id()``: CPython gives a new iterator the id of a
+freed one (the last epoch's, a validation's). Pure bookkeeping, no torch.
 """
 
 from __future__ import annotations
 
-# (the iterators' ids, the first fetch's start, the ns the fetches took)
+import weakref
+from typing import Any
+
+# What a training forward takes: (the training iterators' ids, the first fetch's start, the
+# ns all the fetches took).
 Held = tuple[tuple[int, ...], int, int]
 
 
 class Fetches:
     def __init__(self) -> None:
-        self.held: Held | None = None
+        # iterator id -> [its weak reference, first start, ns]
+        self._held: dict[int, list[Any]] = {}
         self._evaluated: Held | None = None
-        self.train_iterators: tuple[int, ...] = ()  # those that fed the last training forward
+        self._evaluated_refs: dict[int, Any] = {}
+        self._train: dict[int, Any] = {}  # id -> weak reference, of the training iterators
         self._ran_out = False  # a training iterator raised StopIteration
         self._fetched_since = False  # ... and a fetch came after it: the next epoch's
 
-    def fetched(self, iterator_id: int, start: int, end: int) -> None:
-        self._evaluated = None  # a new batch: the evaluated one was evaluation only
-        if self._ran_out:
-            self._fetched_since = True
-        held = self.held
-        if held is None:
-            self.held = ((iterator_id,), start, end - start)
-            return
-        ids = held[0]
-        if iterator_id not in ids:
-            ids = (*ids, iterator_id)
-        self.held = (ids, held[1], held[2] + end - start)
+    @property
+    def held(self) -> Held | None:
+        return _summed(self._held)
 
-    def exhausted(self, iterator_id: int) -> None:
-        if iterator_id in self.train_iterators:
+    @property
+    def train_iterators(self) -> tuple[int, ...]:
+        return tuple(self._train)
+
+    def _trains(self, key: int, iterator: Any) -> bool:
+        ref = self._train.get(key)
+        return ref is not None and ref() is iterator
+
+    def fetched(self, iterator: Any, start: int, end: int) -> None:
+        self._evaluated = None  # a new batch: the evaluated one was evaluation only
+        held = self._held
+        if self._ran_out and not self._fetched_since:
+            self._fetched_since = True
+            held.clear()  # before the epoch's end: fed nothing
+        key = id(iterator)
+        entry = held.get(key)
+        if entry is not None and entry[0]() is iterator:
+            entry[2] += end - start
+        else:
+            held[key] = [weakref.ref(iterator), start, end - start]
+
+    def exhausted(self, iterator: Any) -> None:
+        key = id(iterator)
+        if self._trains(key, iterator):
             self._ran_out = True
+            return
+        self._held.pop(key, None)  # an evaluation loop's last batch
         evaluated = self._evaluated
-        if evaluated is not None and iterator_id in evaluated[0]:
-            self._evaluated = None  # an evaluation loop's last batch
+        if evaluated is not None and key in evaluated[0]:
+            self._evaluated = None
 
     def evaluated(self) -> None:
         """An evaluation forward (no grad, inference mode or eval mode) ran on what is held."""
-        if self.held is not None:
-            self._evaluated, self.held = self.held, None
+        if self._held:
+            self._evaluated = _summed(self._held)
+            self._evaluated_refs = {key: entry[0] for key, entry in self._held.items()}
+            self._held.clear()
 
     def for_training(self) -> Held | None:
         """What a training forward would take now (without taking it)."""
-        held = self.held
-        if held is None and self._evaluated is not None:
-            train = self.train_iterators
-            evaluated = self._evaluated
-            if not train or any(iterator in train for iterator in evaluated[0]):
+        held = self._held
+        if held:
+            for gone in [key for key, entry in held.items() if entry[0]() is None]:
+                del held[gone]  # a loop broken out of, its iterator freed: it fed nothing
+            return _summed(held)
+        evaluated = self._evaluated
+        if evaluated is not None:
+            train = self._train
+            if not train or any(key in train for key in evaluated[0]):
                 return evaluated
-        return held
+        return None
 
     def epoch_turned(self, taken: Held | None) -> bool:
         """Whether the training forward taking ``taken`` starts a new epoch (said once)."""
@@ -74,9 +107,25 @@ class Fetches:
     def take(self, taken: Held | None) -> None:
         """A training forward took ``taken`` (``for_training``'s)."""
         if taken is not None:
-            self.train_iterators = taken[0]
-        self.held = self._evaluated = None
+            refs = {key: entry[0] for key, entry in self._held.items()}
+            if not refs and self._evaluated is taken:
+                refs = self._evaluated_refs
+            self._train = {key: refs[key] for key in taken[0] if key in refs}
+        self._held.clear()
+        self._evaluated = None
 
     def drop(self) -> None:
         """The open step is not a step (the framework starts its loop over)."""
-        self.held = self._evaluated = None
+        self._held.clear()
+        self._evaluated = None
+
+
+def _summed(held: dict[int, list[Any]]) -> Held | None:
+    if not held:
+        return None
+    entries = held.values()
+    return (
+        tuple(held),
+        min(entry[1] for entry in entries),
+        sum(entry[2] for entry in entries),
+    )

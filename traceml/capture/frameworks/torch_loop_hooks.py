@@ -77,22 +77,22 @@ class LoopHooks:
         if _compiling():  # only ever true while torch's compiler traces: see _compiling
             return
         depth = self._depth
+        if depth == 0 and self._forward_handles and _parameter_free(module):
+            # A loss (``nn.CrossEntropyLoss()(out, y)``) or an augmentation module called
+            # outside the model: not the model's Forward (Residual, as the loss is with
+            # Lightning), and never a root; a model it calls is the outermost call (its depth
+            # is not counted: its post hook comes at depth 0). Roots are found while the hooks
+            # are global, so later steps pay nothing for this.
+            return
         self._depth = depth + 1
         if depth == 0:
-            if self._forward_handles and _parameter_free(module):
-                # A loss (``nn.CrossEntropyLoss()(out, y)``) or an augmentation module called
-                # outside the model: not the model's Forward (Residual, as the loss is with
-                # Lightning), and never a root. Roots are found while the hooks are global,
-                # so later steps pay nothing for this.
-                self._outer_timed = False
-                return
             timed = self.capture.forward_started(module)
             self._outer_timed = bool(timed)
             if timed and self._forward_handles:  # still global: remember the root
                 self.roots.add(module)
 
     def _post(self, _module: Any, _args: Any, _output: Any) -> None:
-        if _compiling():
+        if _compiling() or self._depth == 0:  # (0: a parameter-free module's, see _pre)
             return
         self._depth -= 1
         if self._depth == 0 and self._outer_timed:
@@ -188,9 +188,9 @@ class LoopHooks:
             try:
                 batch = original(self)  # the user's errors and StopIteration pass through
             except StopIteration:
-                capture.iterator_exhausted(id(self))
+                capture.iterator_exhausted(self)
                 raise
-            capture.fetched(id(self), start, clock_ns())
+            capture.fetched(self, start, clock_ns())
             return batch
 
         __next__.__qualname__ = original.__qualname__
