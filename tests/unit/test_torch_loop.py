@@ -447,3 +447,47 @@ def test_a_parameter_free_module_is_not_forward_but_a_model_it_calls_is():
         assert list(hooks.roots) == [model] and hooks._depth == 0
     finally:
         hooks.remove()
+
+
+def test_a_fetch_from_an_iterator_freed_at_once_is_still_the_steps_input(capture):
+    # x, y = next(iter(loader)): the iterator is gone before the forward (review of stop 56:
+    # the fetch was dropped as a loop broken out of, and a "not a DataLoader" note written).
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    for start in (0, 100, 200):
+        iterator = Iterator()
+        capture.fetched(iterator, start, start + 5)
+        del iterator
+        train_microbatch_without_fetch(capture, model)
+        step(capture, optimizer)
+    assert [c for c in capture.session.calls if c[0] == "fetched"] == [("fetched", 5)] * 3
+    capture.finish_notes()
+    assert not any(c[0] == "note" for c in capture.session.calls)
+
+
+def train_microbatch_without_fetch(capture, model):
+    assert capture.forward_started(model)
+    capture.forward_ended()
+    assert capture.backward_started()
+    capture.backward_ended()
+
+
+def test_an_epoch_no_longer_than_the_fetches_made_ahead_is_still_an_epoch():
+    # Accelerate / the HF Trainer fetch a whole accumulation group (and one batch more) before
+    # the first forward: a 2-batch epoch's new iterator runs out before any forward took from
+    # it. It iterates the training dataset: its batches are the next epoch's, not a
+    # validation loop's (review of stop 56: dropped, epochs never turned).
+    from traceml.capture.frameworks.torch_loop_fetches import Fetches
+
+    dataset, fetches = object(), Fetches()
+    for epoch in range(3):
+        iterator = Iterator()
+        iterator._dataset = dataset
+        fetches.fetched(iterator, epoch * 100, epoch * 100 + 10)
+        fetches.fetched(iterator, epoch * 100 + 10, epoch * 100 + 20)
+        if epoch:  # (the first epoch's end comes before the session opens)
+            fetches.exhausted(iterator)
+        del iterator  # the loader's generator is done with it
+        taken = fetches.for_training()
+        assert taken is not None and taken[1:] == (epoch * 100, 20)
+        assert fetches.epoch_turned(taken) is bool(epoch)
+        fetches.take(taken)

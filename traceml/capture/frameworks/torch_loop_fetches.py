@@ -33,11 +33,14 @@ Held = tuple[tuple[int, ...], int, int]
 
 class Fetches:
     def __init__(self) -> None:
-        # iterator id -> [its weak reference, first start, ns]
+        # iterator id -> [its weak reference, first start, ns, its dataset's id() or None]
         self._held: dict[int, list[Any]] = {}
         self._evaluated: Held | None = None
-        self._evaluated_refs: dict[int, Any] = {}
+        self._evaluated_entries: dict[int, list[Any]] = {}
         self._train: dict[int, Any] = {}  # id -> weak reference, of the training iterators
+        # id() of the training iterators' datasets (held by their DataLoader, which outlives
+        # its iterators): a new iterator over one of them is the next epoch's training one.
+        self._train_data: set[int] = set()
         self._ran_out = False  # a training iterator raised StopIteration
         self._fetched_since = False  # ... and a fetch came after it: the next epoch's
 
@@ -64,12 +67,21 @@ class Fetches:
         if entry is not None and entry[0]() is iterator:
             entry[2] += end - start
         else:
-            held[key] = [weakref.ref(iterator), start, end - start]
+            data = getattr(iterator, "_dataset", None)
+            data_id = None if data is None else id(data)  # (no truth test: no __len__ call)
+            held[key] = [weakref.ref(iterator), start, end - start, data_id]
 
     def exhausted(self, iterator: Any) -> None:
         key = id(iterator)
         if self._trains(key, iterator):
             self._ran_out = True
+            return
+        entry = self._held.get(key)
+        if entry is not None and entry[3] in self._train_data:
+            # A new iterator over the training data that ran out before any forward took
+            # from it (an epoch no longer than the fetches made ahead of the first forward:
+            # Accelerate's, the HF Trainer's): its batches are the next epoch's.
+            self._ran_out = self._fetched_since = True
             return
         self._held.pop(key, None)  # an evaluation loop's last batch
         evaluated = self._evaluated
@@ -80,20 +92,22 @@ class Fetches:
         """An evaluation forward (no grad, inference mode or eval mode) ran on what is held."""
         if self._held:
             self._evaluated = _summed(self._held)
-            self._evaluated_refs = {key: entry[0] for key, entry in self._held.items()}
-            self._held.clear()
+            self._evaluated_entries = self._held
+            self._held = {}
 
     def for_training(self) -> Held | None:
         """What a training forward would take now (without taking it)."""
         held = self._held
         if held:
-            for gone in [key for key, entry in held.items() if entry[0]() is None]:
-                del held[gone]  # a loop broken out of, its iterator freed: it fed nothing
+            gone = [key for key, entry in held.items() if entry[0]() is None]
+            if len(gone) < len(held):  # (all gone: ``next(iter(loader))``, freed at once)
+                for key in gone:
+                    del held[key]  # a loop broken out of, its iterator freed: it fed nothing
             return _summed(held)
         evaluated = self._evaluated
         if evaluated is not None:
-            train = self._train
-            if not train or any(key in train for key in evaluated[0]):
+            entries = self._evaluated_entries
+            if not self._train or any(self._trains(k, entries[k][0]()) for k in evaluated[0]):
                 return evaluated
         return None
 
@@ -107,10 +121,12 @@ class Fetches:
     def take(self, taken: Held | None) -> None:
         """A training forward took ``taken`` (``for_training``'s)."""
         if taken is not None:
-            refs = {key: entry[0] for key, entry in self._held.items()}
-            if not refs and self._evaluated is taken:
-                refs = self._evaluated_refs
-            self._train = {key: refs[key] for key in taken[0] if key in refs}
+            entries = self._held
+            if not entries and self._evaluated is taken:
+                entries = self._evaluated_entries
+            self._train = {key: entries[key][0] for key in taken[0] if key in entries}
+            self._train_data.update(entries[key][3] for key in taken[0] if key in entries)
+            self._train_data.discard(None)
         self._held.clear()
         self._evaluated = None
 
