@@ -47,8 +47,19 @@ class Optimizer:  # weak-referenceable, as torch.optim optimizers are
     pass
 
 
-class Iterator:  # a DataLoader iterator: weak-referenceable
-    pass
+class Iterator:
+    """A DataLoader iterator as the capture reads it: weak-referenceable, its loader's index
+    sampler (one per DataLoader) and its batches yielded in this pass."""
+
+    def __init__(self, sampler: object = None) -> None:
+        self._index_sampler = object() if sampler is None else sampler
+        self._num_yielded = 0
+
+
+def fetch(target, iterator: Iterator, start: int, end: int) -> None:
+    """``__next__`` returned a batch (torch counts it before the capture's door runs)."""
+    iterator._num_yielded += 1
+    target.fetched(iterator, start, end)
 
 
 _ITERATORS: dict[int, Iterator] = {}
@@ -61,6 +72,7 @@ def loader(number: int) -> Iterator:
 
 @pytest.fixture
 def capture(tmp_path):
+    _ITERATORS.clear()
     loop = LoopCapture(Settings(logs_dir=tmp_path, run_name="t"))
     loop.session = FakeSession()
     loop.thread = threading.get_ident()
@@ -68,7 +80,7 @@ def capture(tmp_path):
 
 
 def train_microbatch(capture, model, iterator_id=1, fetch_ns=(0, 10)):
-    capture.fetched(loader(iterator_id), *fetch_ns)
+    fetch(capture, loader(iterator_id), *fetch_ns)
     assert capture.forward_started(model)
     capture.forward_ended()
     assert capture.backward_started()
@@ -89,7 +101,7 @@ def test_two_microbatches_then_the_optimizer_make_one_step(capture):
 
 def test_an_evaluation_forward_drops_its_fetch_and_is_not_timed(capture):
     model = torch.nn.Linear(2, 2)
-    capture.fetched(loader(7), 0, 50)  # a validation loader's batch
+    fetch(capture, loader(7), 0, 50)  # a validation loader's batch
     model.eval()
     with torch.no_grad():
         assert not capture.forward_started(model)
@@ -101,8 +113,8 @@ def test_an_evaluation_forward_drops_its_fetch_and_is_not_timed(capture):
 
 def test_fetches_of_one_iterator_before_a_forward_add_up(capture):
     # The HF Trainer fetches a whole accumulation group before the first forward.
-    capture.fetched(loader(1), 0, 10)
-    capture.fetched(loader(1), 10, 30)
+    fetch(capture, loader(1), 0, 10)
+    fetch(capture, loader(1), 10, 30)
     assert capture.forward_started(torch.nn.Linear(2, 2))
     assert ("fetched", 30) in capture.session.calls
 
@@ -133,24 +145,26 @@ def test_an_epoch_whose_iterator_has_the_last_ones_id_is_still_an_epoch(capture)
     # persistent workers resets and returns the same iterator every epoch.
     model, optimizer = torch.nn.Linear(2, 2), Optimizer()
     for _epoch in range(3):
+        loader(1)._num_yielded = 0  # the pass starts over (DataLoader.__iter__: _reset)
         train_microbatch(capture, model, iterator_id=1)
         step(capture, optimizer)
         capture.iterator_exhausted(loader(1))
+    loader(1)._num_yielded = 0
     train_microbatch(capture, model, iterator_id=1)
     assert [c[2] for c in epochs_ended(capture)] == [0, 1, 2] and capture.epoch == 3
 
 
 def test_two_zipped_loaders_both_count_as_input_wait(capture):
     # for a, b in zip(images, captions): both waits are the step's.
-    capture.fetched(loader(1), 0, 10)
-    capture.fetched(loader(2), 10, 90)
+    fetch(capture, loader(1), 0, 10)
+    fetch(capture, loader(2), 10, 90)
     assert capture.forward_started(torch.nn.Linear(2, 2))
     assert ("fetched", 90) in capture.session.calls
 
 
 def test_a_teachers_evaluation_forward_keeps_the_students_input_wait(capture):
     teacher, student = torch.nn.Linear(2, 2).eval(), torch.nn.Linear(2, 2)
-    capture.fetched(loader(1), 0, 40)
+    fetch(capture, loader(1), 0, 40)
     with torch.no_grad():
         assert not capture.forward_started(teacher)
     assert capture.forward_started(student)  # the same batch, no fetch between
@@ -167,12 +181,12 @@ def test_a_validation_loops_last_batch_is_not_the_next_steps_input(capture):
     model, optimizer = torch.nn.Linear(2, 2), Optimizer()
     train_microbatch(capture, model, iterator_id=1)
     step(capture, optimizer)
-    capture.fetched(
-        loader(1), 100, 110
+    fetch(
+        capture, loader(1), 100, 110
     )  # the next training batch, then a validation before its forward
     model.eval()
     for start in (200, 300):
-        capture.fetched(loader(7), start, start + 50)
+        fetch(capture, loader(7), start, start + 50)
         with torch.no_grad():
             assert not capture.forward_started(model)
     model.train()
@@ -367,7 +381,7 @@ def test_a_training_after_the_first_trainer_was_freed_is_still_the_second(capsys
 def trained(fetches, *iterators_and_spans):
     """Fetches, then a training forward takes them: what it took."""
     for iterator, start, end in iterators_and_spans:
-        fetches.fetched(iterator, start, end)
+        fetch(fetches, iterator, start, end)
     taken = fetches.for_training()
     fetches.take(taken)
     return taken
@@ -385,7 +399,7 @@ def test_a_validation_through_an_unhooked_module_is_not_the_next_steps_input():
     for broken_out_of in (False, True):
         validation = Iterator()
         for start in (100, 200, 300):
-            fetches.fetched(validation, start, start + 100)
+            fetch(fetches, validation, start, start + 100)
         if broken_out_of:
             del validation  # the loop broke out early: the iterator is freed
         else:
@@ -397,13 +411,14 @@ def test_a_longer_zipped_loaders_last_batch_does_not_open_the_next_epoch():
     # zip(long, short): next(long) gives a batch, then short runs out; that batch fed nothing.
     from traceml.capture.frameworks.torch_loop_fetches import Fetches
 
-    fetches, long, short = Fetches(), Iterator(), Iterator()
+    long_loader, short_loader = object(), object()  # (their index samplers)
+    fetches, long, short = Fetches(), Iterator(long_loader), Iterator(short_loader)
     trained(fetches, (long, 0, 10), (short, 10, 20))
-    fetches.fetched(long, 100, 130)
+    fetch(fetches, long, 100, 130)
     fetches.exhausted(short)
-    new_long, new_short = Iterator(), Iterator()
-    fetches.fetched(new_long, 50_000, 50_010)
-    fetches.fetched(new_short, 50_010, 50_020)
+    new_long, new_short = Iterator(long_loader), Iterator(short_loader)
+    fetch(fetches, new_long, 50_000, 50_010)
+    fetch(fetches, new_short, 50_010, 50_020)
     taken = fetches.for_training()
     assert fetches.epoch_turned(taken)
     assert taken == ((id(new_long), id(new_short)), 50_000, 20)
@@ -419,9 +434,9 @@ def test_an_iterator_with_a_freed_training_iterators_id_is_not_a_training_one():
     fetches, train, validation = Fetches(), Iterator(), Iterator()
     trained(fetches, (train, 0, 10))
     fetches._train = {id(validation): weakref.ref(train)}  # the id reused (forced here)
-    fetches.fetched(validation, 100, 200)
+    fetch(fetches, validation, 100, 200)
     fetches.exhausted(validation)
-    fetches.fetched(train, 300, 310)
+    fetch(fetches, train, 300, 310)
     taken = fetches.for_training()
     assert not fetches.epoch_turned(taken) and taken == ((id(train),), 300, 10)
 
@@ -455,7 +470,7 @@ def test_a_fetch_from_an_iterator_freed_at_once_is_still_the_steps_input(capture
     model, optimizer = torch.nn.Linear(2, 2), Optimizer()
     for start in (0, 100, 200):
         iterator = Iterator()
-        capture.fetched(iterator, start, start + 5)
+        fetch(capture, iterator, start, start + 5)
         del iterator
         train_microbatch_without_fetch(capture, model)
         step(capture, optimizer)
@@ -474,16 +489,15 @@ def train_microbatch_without_fetch(capture, model):
 def test_an_epoch_no_longer_than_the_fetches_made_ahead_is_still_an_epoch():
     # Accelerate / the HF Trainer fetch a whole accumulation group (and one batch more) before
     # the first forward: a 2-batch epoch's new iterator runs out before any forward took from
-    # it. It iterates the training dataset: its batches are the next epoch's, not a
+    # it. It iterates the training loader: its batches are the next epoch's, not a
     # validation loop's (review of stop 56: dropped, epochs never turned).
     from traceml.capture.frameworks.torch_loop_fetches import Fetches
 
-    dataset, fetches = object(), Fetches()
+    sampler, fetches = object(), Fetches()
     for epoch in range(3):
-        iterator = Iterator()
-        iterator._dataset = dataset
-        fetches.fetched(iterator, epoch * 100, epoch * 100 + 10)
-        fetches.fetched(iterator, epoch * 100 + 10, epoch * 100 + 20)
+        iterator = Iterator(sampler)  # a new iterator over the same loader each epoch
+        fetch(fetches, iterator, epoch * 100, epoch * 100 + 10)
+        fetch(fetches, iterator, epoch * 100 + 10, epoch * 100 + 20)
         if epoch:  # (the first epoch's end comes before the session opens)
             fetches.exhausted(iterator)
         del iterator  # the loader's generator is done with it
@@ -491,3 +505,85 @@ def test_an_epoch_no_longer_than_the_fetches_made_ahead_is_still_an_epoch():
         assert taken is not None and taken[1:] == (epoch * 100, 20)
         assert fetches.epoch_turned(taken) is bool(epoch)
         fetches.take(taken)
+
+
+def make_fetches():
+    from traceml.capture.frameworks.torch_loop_fetches import Fetches
+
+    return Fetches()
+
+
+def test_persistent_workers_with_an_epoch_fetched_ahead_whole_turn_every_epoch():
+    # The same iterator every epoch (reset), and the whole epoch fetched before its first
+    # forward (HF Trainer, dataloader_persistent_workers=True, accumulation >= the epoch):
+    # every other epoch was lost (review of stop 56).
+    fetches, iterator = make_fetches(), Iterator()
+    turned = []
+    for epoch in range(4):
+        iterator._num_yielded = 0  # DataLoader.__iter__ resets it
+        fetch(fetches, iterator, epoch * 100, epoch * 100 + 10)
+        fetch(fetches, iterator, epoch * 100 + 10, epoch * 100 + 20)
+        if epoch:
+            fetches.exhausted(iterator)
+        taken = fetches.for_training()
+        turned.append(fetches.epoch_turned(taken))
+        fetches.take(taken)
+    assert turned == [False, True, True, True]
+
+
+def test_a_validation_loader_over_the_training_dataset_turns_no_epoch():
+    # A SubsetRandomSampler split shares the dataset object; the loaders differ.
+    fetches, train = make_fetches(), Iterator()
+    trained(fetches, (train, 0, 10))
+    validation = Iterator()  # its own loader (index sampler), the same dataset
+    fetch(fetches, validation, 100, 200)
+    fetches.exhausted(validation)  # its forwards not seen (an unwrapped model)
+    taken = trained(fetches, (train, 300, 310))
+    assert taken == ((id(train),), 300, 10) and not fetches._new_epoch
+
+
+def test_a_peek_before_the_loop_does_not_open_the_first_step():
+    # The CIFAR tutorial: dataiter = iter(trainloader); images, labels = next(dataiter), then
+    # for data in trainloader: the first step started at the peek, seconds before.
+    sampler = object()
+    fetches, peek, loop = make_fetches(), Iterator(sampler), Iterator(sampler)
+    fetch(fetches, peek, 0, 10)
+    assert trained(fetches, (loop, 5_000, 5_010)) == ((id(loop),), 5_000, 10)
+
+
+def test_a_loader_made_again_inside_the_epoch_keeps_the_steps_fetch_and_turns_nothing():
+    # Semi-supervised: for x_u in unlabeled: try next(l_it) except StopIteration: l_it =
+    # iter(labeled). The labelled loader's new pass is not the epoch's.
+    labeled_sampler = object()
+    fetches, unlabeled, labeled = make_fetches(), Iterator(), Iterator(labeled_sampler)
+    trained(fetches, (unlabeled, 0, 10), (labeled, 10, 20))
+    fetch(fetches, unlabeled, 2_000, 2_050)
+    fetches.exhausted(labeled)
+    again = Iterator(labeled_sampler)
+    fetch(fetches, again, 2_050, 2_060)
+    taken = fetches.for_training()
+    assert taken == ((id(unlabeled), id(again)), 2_000, 60)
+    assert not fetches.epoch_turned(taken)
+
+
+def test_an_epoch_broken_out_of_still_turns_and_its_last_batch_is_dropped():
+    sampler = object()
+    fetches, first = make_fetches(), Iterator(sampler)
+    trained(fetches, (first, 0, 10))
+    fetch(fetches, first, 100, 110)  # then `break`: this batch fed nothing
+    second = Iterator(sampler)
+    fetch(fetches, second, 9_000, 9_010)
+    taken = fetches.for_training()
+    assert taken == ((id(second),), 9_000, 10) and fetches.epoch_turned(taken)
+
+
+def test_a_teacher_in_a_loop_over_next_iter_keeps_the_input_wait():
+    fetches = make_fetches()
+    sampler = object()
+    for start in (0, 100, 200):
+        iterator = Iterator(sampler)
+        fetch(fetches, iterator, start, start + 7)
+        del iterator  # next(iter(loader)): gone at once
+        fetches.evaluated()  # the teacher's forward
+        taken = trained(fetches)  # the student's, on the same batch
+        assert taken is not None and taken[1:] == (start, 7)

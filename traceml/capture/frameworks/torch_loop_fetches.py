@@ -5,20 +5,30 @@ call of a root module; nothing says which loader trains. Fetches are held, per i
 the next training forward:
 
 * a training forward takes every fetch held (loaders zipped in one step add up); the iterators
-  it took from are the training iterators from then on;
-* an iterator that runs out drops what it holds, unless it trains, and so does one freed before
-  a training forward: they fed none (an evaluation loop's batches, also where its forwards are
-  not seen: a module traceml does not hook, an EMA copy, after the first step);
+  it took from are the training iterators from then on, and the loader of the first of them
+  (the outer loop's, in ``zip(a, b)`` ``a``'s) is the primary training loader;
+* a pass's first batch (``_num_yielded`` back to 1: a new iterator, or a persistent one
+  reset) drops what is held from an earlier pass over the same loader (a peek with
+  ``next(iter(loader))`` before the loop, the batch a longer loader zipped with a shorter one
+  gave for nothing, an epoch broken out of);
+* an iterator that runs out drops what it holds, unless it trains or iterates the primary
+  training loader (a short epoch fetched ahead whole), and so does one freed before
+  a training forward, unless every iterator held is (``next(iter(loader))`` each step): they
+  fed none (an evaluation loop's batches, also where its forwards are not seen: a module
+  traceml does not hook, an EMA copy, after the first step);
 * an evaluation forward sets what is held aside: a training forward right after it, with no
   fetch between, trains on that same batch (a frozen teacher in eval mode, then the student),
-  unless the training iterators are known and none of them made it; any new fetch drops it;
-* an epoch ends at the first training forward fed by a fetch made after a training iterator
-  ran out; the first fetch after it drops what was held before (the batch a longer loader
-  zipped with a shorter one gave for nothing). Not "by another iterator": a loader with
-  persistent workers keeps one iterator for every epoch.
+  unless the training iterators are known, alive, and none of them made it; any new fetch
+  drops it;
+* an epoch turns at the first training forward after a new pass over the primary training
+  loader began (whatever the iterator: a loader with persistent workers keeps one), or after
+  the primary training iterator ran out and a pass began over any loader (a new DataLoader
+  each epoch). Another loader re-made inside the epoch (a shorter labelled set in a
+  semi-supervised loop) turns nothing.
 
-Iterators are known by weak reference, not ``id()``: CPython gives a new iterator the id of a
-freed one (the last epoch's, a validation's). Pure bookkeeping, no torch.
+Loaders are told apart by their index sampler (one per DataLoader, shared by its iterators),
+iterators by weak reference, not ``id()``: CPython gives a new iterator the id of a freed one.
+Pure bookkeeping, no torch.
 """
 
 from __future__ import annotations
@@ -26,23 +36,28 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-# What a training forward takes: (the training iterators' ids, the first fetch's start, the
-# ns all the fetches took).
+# What a training forward takes: (the iterators' ids, the first fetch's start, the ns all the
+# fetches took).
 Held = tuple[tuple[int, ...], int, int]
+_REF, _START, _NS, _LOADER = range(4)  # a held entry's fields
+
+
+def _loader_key(iterator: Any) -> int:
+    sampler = getattr(iterator, "_index_sampler", None)
+    return id(iterator) if sampler is None else id(sampler)
 
 
 class Fetches:
     def __init__(self) -> None:
-        # iterator id -> [its weak reference, first start, ns, its dataset's id() or None]
+        # iterator id -> [its weak reference, first start, ns, its loader's key]
         self._held: dict[int, list[Any]] = {}
         self._evaluated: Held | None = None
         self._evaluated_entries: dict[int, list[Any]] = {}
         self._train: dict[int, Any] = {}  # id -> weak reference, of the training iterators
-        # id() of the training iterators' datasets (held by their DataLoader, which outlives
-        # its iterators): a new iterator over one of them is the next epoch's training one.
-        self._train_data: set[int] = set()
-        self._ran_out = False  # a training iterator raised StopIteration
-        self._fetched_since = False  # ... and a fetch came after it: the next epoch's
+        self._primary_loader: int | None = None
+        self._primary: Any = None  # weak reference to the primary training iterator
+        self._ran_out = False  # the primary training iterator raised StopIteration
+        self._new_epoch = False  # a pass began that the next training forward starts on
 
     @property
     def held(self) -> Held | None:
@@ -54,34 +69,33 @@ class Fetches:
 
     def _trains(self, key: int, iterator: Any) -> bool:
         ref = self._train.get(key)
-        return ref is not None and ref() is iterator
+        return ref is not None and iterator is not None and ref() is iterator
 
     def fetched(self, iterator: Any, start: int, end: int) -> None:
         self._evaluated = None  # a new batch: the evaluated one was evaluation only
         held = self._held
-        if self._ran_out and not self._fetched_since:
-            self._fetched_since = True
-            held.clear()  # before the epoch's end: fed nothing
-        key = id(iterator)
+        key, loader = id(iterator), _loader_key(iterator)
+        if getattr(iterator, "_num_yielded", None) == 1:  # a pass's first batch
+            for earlier in [k for k, entry in held.items() if entry[_LOADER] == loader]:
+                del held[earlier]
+            if loader == self._primary_loader or self._ran_out:
+                self._new_epoch = True
         entry = held.get(key)
-        if entry is not None and entry[0]() is iterator:
-            entry[2] += end - start
+        if entry is not None and entry[_REF]() is iterator:
+            entry[_NS] += end - start
         else:
-            data = getattr(iterator, "_dataset", None)
-            data_id = None if data is None else id(data)  # (no truth test: no __len__ call)
-            held[key] = [weakref.ref(iterator), start, end - start, data_id]
+            held[key] = [weakref.ref(iterator), start, end - start, loader]
 
     def exhausted(self, iterator: Any) -> None:
         key = id(iterator)
         if self._trains(key, iterator):
-            self._ran_out = True
+            if self._primary is not None and self._primary() is iterator:
+                self._ran_out = True
             return
         entry = self._held.get(key)
-        if entry is not None and entry[3] in self._train_data:
-            # A new iterator over the training data that ran out before any forward took
-            # from it (an epoch no longer than the fetches made ahead of the first forward:
-            # Accelerate's, the HF Trainer's): its batches are the next epoch's.
-            self._ran_out = self._fetched_since = True
+        if entry is not None and entry[_LOADER] == self._primary_loader:
+            # A pass over the training loader that ran out before a forward took from it (an
+            # epoch no longer than what Accelerate / the HF Trainer fetch ahead): kept.
             return
         self._held.pop(key, None)  # an evaluation loop's last batch
         evaluated = self._evaluated
@@ -99,22 +113,28 @@ class Fetches:
         """What a training forward would take now (without taking it)."""
         held = self._held
         if held:
-            gone = [key for key, entry in held.items() if entry[0]() is None]
+            gone = [key for key, entry in held.items() if entry[_REF]() is None]
             if len(gone) < len(held):  # (all gone: ``next(iter(loader))``, freed at once)
                 for key in gone:
                     del held[key]  # a loop broken out of, its iterator freed: it fed nothing
             return _summed(held)
         evaluated = self._evaluated
-        if evaluated is not None:
-            entries = self._evaluated_entries
-            if not self._train or any(self._trains(k, entries[k][0]()) for k in evaluated[0]):
-                return evaluated
+        if evaluated is None:
+            return None
+        entries = self._evaluated_entries
+        alive = [entry[_REF]() for entry in entries.values()]
+        train_alive = [ref() for ref in self._train.values() if ref() is not None]
+        # (``is None`` tests only: a DataLoader iterator's truth is its __len__, which may raise)
+        if not train_alive or all(iterator is None for iterator in alive):
+            return evaluated  # nothing known alive to tell them apart
+        if any(self._trains(key, it) for key, it in zip(entries, alive, strict=True)):
+            return evaluated
         return None
 
     def epoch_turned(self, taken: Held | None) -> bool:
         """Whether the training forward taking ``taken`` starts a new epoch (said once)."""
-        if self._fetched_since and taken is not None:
-            self._ran_out = self._fetched_since = False
+        if self._new_epoch and taken is not None:
+            self._new_epoch = self._ran_out = False
             return True
         return False
 
@@ -124,15 +144,16 @@ class Fetches:
             entries = self._held
             if not entries and self._evaluated is taken:
                 entries = self._evaluated_entries
-            self._train = {key: entries[key][0] for key in taken[0] if key in entries}
-            self._train_data.update(entries[key][3] for key in taken[0] if key in entries)
-            self._train_data.discard(None)
-        self._held.clear()
+            self._train = {key: entries[key][_REF] for key in taken[0] if key in entries}
+            first = entries.get(taken[0][0])
+            if first is not None:
+                self._primary, self._primary_loader = first[_REF], first[_LOADER]
+        self._held = {}
         self._evaluated = None
 
     def drop(self) -> None:
         """The open step is not a step (the framework starts its loop over)."""
-        self._held.clear()
+        self._held = {}
         self._evaluated = None
 
 
@@ -142,6 +163,6 @@ def _summed(held: dict[int, list[Any]]) -> Held | None:
     entries = held.values()
     return (
         tuple(held),
-        min(entry[1] for entry in entries),
-        sum(entry[2] for entry in entries),
+        min(entry[_START] for entry in entries),
+        sum(entry[_NS] for entry in entries),
     )
