@@ -48,6 +48,17 @@ def make_timer(device, peaks=None):
     )
 
 
+def counting_timer(device):
+    """A timer without memory readings, and the list of every event it made."""
+    created = []
+
+    def new_event():
+        created.append(FakeEvent(device))
+        return created[-1]
+
+    return CudaStepTimer(new_event=new_event), created
+
+
 def one_step(timer, device, start):
     device.now = start
     timer.step_started()
@@ -98,13 +109,7 @@ def test_ready_returns_finished_steps_in_order_and_drain_waits_for_the_rest():
 
 def test_events_are_reused_after_a_step_is_read():
     device = FakeDevice()
-    created = []
-
-    def new_event():
-        created.append(FakeEvent(device))
-        return created[-1]
-
-    timer = CudaStepTimer(new_event=new_event)
+    timer, created = counting_timer(device)
     one_step(timer, device, 0)
     device.completed_until = 1000
     list(timer.ready())
@@ -138,13 +143,7 @@ def test_a_step_ended_at_its_last_phase_leaves_the_validation_after_it_out():
     validation that followed them (the any-loop learns of the epoch's end at the next epoch's
     first forward): their device step ends with their last phase, as their host step does."""
     device = FakeDevice()
-    created = []
-
-    def new_event():
-        created.append(FakeEvent(device))
-        return created[-1]
-
-    timer = CudaStepTimer(new_event=new_event)
+    timer, created = counting_timer(device)
     device.now = 0
     timer.step_started()
     for phase, begin, end in (("forward", 1, 4), ("backward", 4, 9)):

@@ -77,6 +77,18 @@ def test_a_raising_backward_passes_through_and_leaves_nothing_open(one_door):
     assert "backward" not in vars(strategy) and vars(Strategy)["backward"] is original
 
 
+class EventLog:
+    """One-door timing's event log (its doors' names, in order), as install() gives it."""
+
+    needs_start_doors = staticmethod(lambda: False)
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def __call__(self, event) -> None:
+        self.calls.append(event[0])
+
+
 @pytest.mark.parametrize("one_door", [True, False])
 def test_the_transfer_and_optimizer_doors_time_only_the_traced_strategy(one_door):
     class Steps:
@@ -86,15 +98,7 @@ def test_the_transfer_and_optimizer_doors_time_only_the_traced_strategy(one_door
         def optimizer_step(self, value):
             return value + 1
 
-    class Doors:  # the event log (one door) or the observer's entry points
-        needs_start_doors = staticmethod(lambda: False)
-
-        def __init__(self) -> None:
-            self.calls: list = []
-
-        def __call__(self, event) -> None:
-            self.calls.append(event[0])
-
+    class Doors(EventLog):  # the event log (one door) or the observer's entry points
         def transferred(self, start) -> None:
             self.calls.append("transferred")
 
@@ -148,17 +152,8 @@ def test_lightnings_own_strategy_methods_get_the_doors_with_their_parameters():
     batch_to_device = vars(LightningSignatures)["batch_to_device"]
     assert not takes(batch_to_device, names["batch_to_device"][0], (None, False), 0)
 
-    class Doors:
-        needs_start_doors = staticmethod(lambda: False)
-
-        def __init__(self) -> None:
-            self.calls: list = []
-
-        def __call__(self, event) -> None:
-            self.calls.append(event[0])
-
     originals = dict(vars(LightningSignatures))
-    strategy, other, doors = LightningSignatures(), LightningSignatures(), Doors()
+    strategy, other, doors = LightningSignatures(), LightningSignatures(), EventLog()
     instruments = Instruments(doors)
     instruments.one_door, instruments.doors = True, doors
     instruments._wrap_transfer(strategy)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from inspect import CO_VARARGS, CO_VARKEYWORDS
 from types import FunctionType, MethodType
 from typing import Any
 
@@ -118,24 +119,27 @@ def look_like(door: Door, original: Any) -> None:
     door.__wrapped__ = original
 
 
-def takes(function: Any, names: tuple[str, ...], defaults: Any, rest: int = 0) -> bool:
-    """Whether ``function`` is a plain function whose named parameters are exactly ``names``
-    (positional-or-keyword), with ``defaults``, and ``rest`` of ``*args`` (1) / ``**kwargs``
-    (2), both (3) or neither (0): Lightning's own strategy methods. A door with the same
-    signature then calls it without passing ``*args, **kwargs`` on (a tuple and a dict made
-    again for each call, ~0.2-0.4 us a step a door); any other (an override) gets the door
-    that passes everything on."""
+def parameters(function: Any) -> tuple[tuple[str, ...], int] | None:
+    """A plain function's named parameters (all positional-or-keyword) and its ``rest``:
+    ``*args`` (1), ``**kwargs`` (2), both (3) or neither (0); None for anything else (not a
+    plain function, keyword-only or positional-only parameters). What a door with the same
+    signature needs to know (``takes``; ``exact_doors``)."""
     code = getattr(function, "__code__", None)
     if not isinstance(function, FunctionType) or code is None:
-        return False
-    flags = (1 if code.co_flags & 0x04 else 0) + (2 if code.co_flags & 0x08 else 0)
-    return (
-        code.co_varnames[: code.co_argcount] == names
-        and not code.co_kwonlyargcount
-        and not code.co_posonlyargcount
-        and flags == rest
-        and _same_defaults(function.__defaults__, defaults)
-    )
+        return None
+    if code.co_kwonlyargcount or code.co_posonlyargcount:
+        return None
+    rest = (1 if code.co_flags & CO_VARARGS else 0) + (2 if code.co_flags & CO_VARKEYWORDS else 0)
+    return code.co_varnames[: code.co_argcount], rest
+
+
+def takes(function: Any, names: tuple[str, ...], defaults: Any, rest: int = 0) -> bool:
+    """Whether ``function``'s :func:`parameters` are exactly ``names`` and ``rest``, with
+    ``defaults``: Lightning's own strategy methods. A door with the same signature then calls
+    it without passing ``*args, **kwargs`` on (a tuple and a dict made again for each call,
+    ~0.2-0.4 us a step a door); any other (an override) gets the door that passes everything
+    on."""
+    return parameters(function) == (names, rest) and _same_defaults(function.__defaults__, defaults)
 
 
 def _same_defaults(theirs: Any, ours: Any) -> bool:

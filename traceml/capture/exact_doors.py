@@ -18,9 +18,10 @@ and closure), and a forward with a parameter named so keeps the generic door.
 
 from __future__ import annotations
 
-from inspect import CO_VARARGS, CO_VARKEYWORDS
 from types import FunctionType
 from typing import Any
+
+from traceml.capture.class_doors import parameters
 
 _FORWARD = """
 def _traceml_make(
@@ -60,14 +61,10 @@ def _traceml_make(_traceml_call, _traceml_target, _traceml_before):
 
 def plain_parameters(function: Any) -> tuple[str, ...] | None:
     """The names of ``function``'s parameters where all are positional-or-keyword, else None."""
-    code = getattr(function, "__code__", None)
-    if not isinstance(function, FunctionType) or code is None:
+    found = parameters(function)
+    if found is None or found[1]:
         return None
-    if code.co_flags & (CO_VARARGS | CO_VARKEYWORDS):
-        return None
-    if code.co_kwonlyargcount or code.co_posonlyargcount:
-        return None
-    names = code.co_varnames[: code.co_argcount]
+    names = found[0]
     if not names or any(name.startswith("_traceml") for name in names):
         return None
     return names
