@@ -137,7 +137,8 @@ def test_zipped_loaders_a_teacher_a_loss_module_and_epochs_are_attributed(tmp_pa
     zipped loader's wait counted; a teacher's eval-mode forward dropped the student's fetch and
     wrote a "not a DataLoader" note; the loss module's time was Forward; the epochs of a loader
     with persistent workers (one iterator) were one epoch; the microbatch left at an epoch's end
-    held the validation after it."""
+    held the validation after it. An evaluation over the training loader itself turned an epoch
+    (stop 56's known limitation)."""
     getitem_ms, forward_ms, loss_ms, validation_ms = 10, 20, 30, 300
     records, stdout = traced_run(
         tmp_path,

@@ -9,7 +9,10 @@
   epoch) and an odd number of batches with 2 microbatches a step: a microbatch is left without
   an optimizer step at each epoch's end;
 * a validation of SHAPES_VALIDATION_MS after each epoch, in eval mode (the next step's gap; not
-  in the leftover microbatch's record).
+  in the leftover microbatch's record);
+* in the first epoch, after its first optimizer step, an evaluation over the training
+  DataLoader object itself (a new pass over it, taken by no training forward: no epoch turns,
+  and its fetches are no step's Input Wait).
 
 Prints ``SHAPES_RESULT steps=<optimizer steps>``.
 """
@@ -85,6 +88,10 @@ def main() -> int:
                 optimizer.step()
                 optimizer.zero_grad()
                 stepped += 1
+            if _epoch == 0 and index == 1:
+                with torch.no_grad():
+                    for seen in slow:
+                        teacher(seen)
         validator.eval()
         with torch.no_grad():
             validator(torch.zeros(1, 8))

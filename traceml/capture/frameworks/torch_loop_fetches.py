@@ -20,11 +20,12 @@ the next training forward:
   fetch between, trains on that same batch (a frozen teacher in eval mode, then the student),
   unless the training iterators are known, alive, and none of them made it; any new fetch
   drops it;
-* an epoch turns at the first training forward after a new pass over the primary training
-  loader began (whatever the iterator: a loader with persistent workers keeps one), or after
-  the primary training iterator ran out and a pass began over any loader (a new DataLoader
-  each epoch). Another loader re-made inside the epoch (a shorter labelled set in a
-  semi-supervised loop) turns nothing.
+* an epoch turns at the first training forward that takes from a new pass over the primary
+  training loader (whatever the iterator: a loader with persistent workers keeps one), or,
+  after the primary training iterator ran out, from a new pass over any loader (a new
+  DataLoader each epoch). A pass that only an evaluation took from (a validation loop over
+  the training DataLoader itself, mid-epoch) and another loader re-made inside the epoch (a
+  shorter labelled set in a semi-supervised loop) turn nothing.
 
 Loaders are told apart by their index sampler (one per DataLoader, shared by its iterators),
 iterators by weak reference, not ``id()``: CPython gives a new iterator the id of a freed one.
@@ -57,7 +58,9 @@ class Fetches:
         self._primary_loader: int | None = None
         self._primary: Any = None  # weak reference to the primary training iterator
         self._ran_out = False  # the primary training iterator raised StopIteration
-        self._new_epoch = False  # a pass began that the next training forward starts on
+        # id -> weak reference, of the iterators whose first batch began a pass that turns the
+        # epoch when a training forward takes from it
+        self._passes: dict[int, Any] = {}
 
     @property
     def held(self) -> Held | None:
@@ -78,8 +81,11 @@ class Fetches:
         if getattr(iterator, "_num_yielded", None) == 1:  # a pass's first batch
             for earlier in [k for k, entry in held.items() if entry[_LOADER] == loader]:
                 del held[earlier]
+            passes = self._passes
+            for gone in [k for k, ref in passes.items() if ref() is None]:
+                del passes[gone]  # (before this iterator, which may have a freed one's id)
             if loader == self._primary_loader or self._ran_out:
-                self._new_epoch = True
+                passes[key] = weakref.ref(iterator)
         entry = held.get(key)
         if entry is not None and entry[_REF]() is iterator:
             entry[_NS] += end - start
@@ -133,8 +139,12 @@ class Fetches:
 
     def epoch_turned(self, taken: Held | None) -> bool:
         """Whether the training forward taking ``taken`` starts a new epoch (said once)."""
-        if self._new_epoch and taken is not None:
-            self._new_epoch = self._ran_out = False
+        passes = self._passes
+        if passes and taken is not None and any(key in passes for key in taken[0]):
+            # (a freed iterator's key stays until the next pass begins: ``next(iter(loader))``
+            # each step, its iterator gone before the forward, still took from it)
+            passes.clear()
+            self._ran_out = False
             return True
         return False
 
