@@ -110,6 +110,21 @@ def test_means_add_up_and_medians_need_not(tmp_path):
     )
 
 
+def test_phases_measured_on_fewer_steps_are_named_not_said_to_add_up(tmp_path):
+    # Rank 1 has no H2D (null, its time in Residual): H2D's mean is over rank 0's steps only,
+    # and the means add up to 110 ms of a 100 ms step. The report said they added up.
+    for rank, h2d, residual in ((0, 20.0, 10.0), (1, None, 30.0)):
+        records = [
+            step(i, t_ms=i * 100.0, h2d=h2d, forward=30, backward=40, residual=residual)
+            for i in range(30)
+        ]
+        write_rank(tmp_path, rank, [header(rank, world_size=2), *records, footer(30)])
+    _summary, text = summarise(tmp_path, write=False)
+    line = " ".join(text.split())
+    assert "The phase means add up to the step mean" not in line
+    assert "Some phases were measured on fewer steps than the step time (H2D on 28 of 56)" in line
+
+
 def test_very_uneven_steps_get_a_caveat_and_even_ones_do_not(tmp_path):
     _summary, even = _run_with_a_tail(tmp_path / "even", tail_s=1.0)
     assert "Caveat:" not in even

@@ -171,14 +171,36 @@ def _phase_lines(summary: dict[str, Any]) -> list[str]:
     for fieldname in schema.TIMED_FIELDS:
         lines.append(_phase_row(fieldname, phase_stats, shares, has_gpu))
     lines.extend(_comm_lines(phase_stats, shares))
-    lines.extend(
-        _wrap(
-            "The phase means add up to the step mean; medians and p90s are of each phase on "
-            "its own (taken from different steps), so they need not add up.",
-            "  ",
-        )
-    )
+    lines.extend(_wrap(_adding_up(phase_stats), "  "))
     return [*lines, "", *_throughput_lines(summary)]
+
+
+def _adding_up(phase_stats: dict[str, Any]) -> str:
+    """Whether the phase means add up to the step mean, as the table shows them: only when
+    every phase was measured on every step (rule 2: a phase measured on some steps only has
+    its mean over those, and the sentence would be false)."""
+    step = phase_stats[schema.STEP]
+    fewer = [
+        f"{schema.PHASE_LABELS[fieldname]} on {described['count']:,} of {step['count']:,}"
+        for fieldname in schema.PHASES
+        if (described := phase_stats.get(fieldname)) and described["count"] < step["count"]
+    ]
+    if fewer:
+        return (
+            f"Some phases were measured on fewer steps than the step time ({', '.join(fewer)}): "
+            "their means and shares are over those steps, so the phase means need not add up "
+            "to the step mean."
+        )
+    total = sum(d["mean"] for f in schema.PHASES if (d := phase_stats.get(f)))
+    if abs(total - step["mean"]) > 0.005 * step["mean"] + 0.01:
+        return (
+            f"The phase means add up to {total:.2f} ms of the step mean's {step['mean']:.2f} "
+            "ms; medians and p90s are of each phase on its own (taken from different steps)."
+        )
+    return (
+        "The phase means add up to the step mean; medians and p90s are of each phase on its "
+        "own (taken from different steps), so they need not add up."
+    )
 
 
 def _phase_row(
@@ -289,8 +311,8 @@ def _between_steps_lines(overall: dict[str, Any]) -> list[str]:
         text = (
             f"Between steps (validation, checkpoints, epoch ends): {between / 1000:.2f} s of "
             f"{wall / 1000:.2f} s from the first step's start to the last step's end "
-            f"({between / wall * 100:.0f}%); the time after the last step is unknown (no "
-            "footer with an end time)"
+            f"({between / wall * 100:.0f}%); the time after the last step is unknown (the "
+            "rank files give no end time, or their clocks disagree)"
         )
     else:
         total = wall + after
