@@ -85,6 +85,7 @@ THRESHOLDS: dict[str, float] = {
 
 # Entries that count steps rather than measure a ratio.
 INTEGER_THRESHOLDS = frozenset({"warmup_steps", "min_steps"})
+MAX_STEP_THRESHOLD = 2**31
 
 
 def parse_threshold_override(name: str, raw: str) -> tuple[str, float]:
@@ -97,11 +98,17 @@ def parse_threshold_override(name: str, raw: str) -> tuple[str, float]:
         value = float(raw)
     except ValueError:
         raise ThresholdError(f"threshold {key}={raw!r} is not a number") from None
-    if value < 0 or value != value:
-        raise ThresholdError(f"threshold {key}={raw!r} must be a non-negative number")
+    # inf is no number a summary can store (JSON has none; orjson writes null).
+    if not 0 <= value < float("inf"):
+        raise ThresholdError(f"threshold {key}={raw!r} must be a finite non-negative number")
     if key in INTEGER_THRESHOLDS:
         if value != int(value):
             raise ThresholdError(f"threshold {key}={raw!r} must be a whole number")
+        # A step count past any run's length; a bigger one would not fit the summary's JSON.
+        if value > MAX_STEP_THRESHOLD:
+            raise ThresholdError(
+                f"threshold {key}={raw!r} must be at most {MAX_STEP_THRESHOLD:,} steps"
+            )
         value = int(value)
     return key, value
 

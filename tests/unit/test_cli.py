@@ -44,6 +44,16 @@ def test_threshold_option(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--threshold", "input_warn"]) == 2
 
 
+def test_threshold_beyond_any_number_a_summary_stores_is_one_line_exit_2(tmp_path, capsys):
+    # int(inf) raised, int(1e300) could not be written: both were an internal error (exit 70).
+    synthetic_run(tmp_path, forward=20, backward=20)
+    for override in ("warmup_steps=inf", "warmup_steps=1e300", "min_steps=1e300", "input_warn=inf"):
+        assert main(["report", str(tmp_path), "--threshold", override]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("traceml: error: --threshold: ") and err.count("\n") == 1
+    assert main(["report", str(tmp_path), "--threshold", "warmup_steps=3"]) == 0
+
+
 def test_run_refuses_bad_input_before_starting_anything(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing.py")]) == 2
     assert "no such script" in capsys.readouterr().err

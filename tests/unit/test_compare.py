@@ -11,7 +11,7 @@ from traceml.cli import main
 from traceml.compare_command import gate_exit_code
 from traceml.finalize import summarise
 
-from rankfiles import synthetic_run, write_run
+from rankfiles import footer, header, synthetic_run, write_rank, write_run
 
 
 def make_summary(path, **kwargs):
@@ -379,6 +379,18 @@ def test_older_summary_without_a_job_series_still_compares_with_a_note(tmp_path)
     assert result["a"]["job_steps"] == 198  # 4 ranks x 198 pooled steps count as 198
     (note,) = result["notes"]
     assert "intervals are approximate" in note
+
+
+def test_a_current_summary_of_a_run_with_no_steps_is_not_called_older(tmp_path):
+    # Its job series is null, not absent: the run recorded no steps.
+    a, _ = make_summary(tmp_path / "a", steps=50, seed=1, **BASE)
+    write_rank(tmp_path / "empty", 0, [header(), footer(0)])
+    summary, _ = summarise(tmp_path / "empty")
+    assert schema.SUMMARY_JOB_SERIES in summary and summary[schema.SUMMARY_JOB_SERIES] is None
+    empty = load_summary(tmp_path / "empty" / schema.SUMMARY_JSON)
+    notes = compare(load_summary(a), empty)["notes"]
+    assert not any("older summary" in note for note in notes)
+    assert any("no job step series" in n and "the run recorded no steps" in n for n in notes)
 
 
 def test_comm_wait_is_a_row_only_when_both_runs_have_it(tmp_path):

@@ -58,6 +58,17 @@ def test_no_records_no_breakdown():
     assert input_pipeline.advice(None, 1.0, 1.0) is None
 
 
+def test_counts_beyond_the_value_bound_are_unmeasured():
+    # int(1e300) is a Python int that orjson cannot write into the summary.
+    huge = worker(1, 10, 400.0, 1000.0)
+    huge["batches"] = 1e300
+    breakdown = input_pipeline.summarise([record(0, [worker(0, 10, 400.0, 1000.0), huge])])
+    assert breakdown["batches"] == 10 and breakdown["batches_per_worker"] == {"0": 10}
+    # Each producer in range, their total past it: no breakdown rather than a crash.
+    many = [worker(i, 10, 400.0, 1000.0) | {"batches": 1e18} for i in range(20)]
+    assert input_pipeline.summarise([record(0, many)]) is None
+
+
 class Items(Dataset):
     def __len__(self):
         return 8

@@ -134,6 +134,26 @@ def test_a_stale_or_damaged_partial_is_not_trusted(layout, tmp_path):
     assert sum("another warm-up" in n for n in other[schema.SUMMARY_NOTES]) == 2
 
 
+def test_a_partial_with_a_damaged_figure_is_not_trusted(tmp_path):
+    # Keys and stamps intact, a string for a number: the merge's arithmetic crashed (exit 70).
+    run_dir = tmp_path / "run"
+    write_layout(run_dir, steps=40)
+    for node in range(NODES):
+        reduce_node(run_dir, node, WARMUP)
+    partial = orjson.loads(partial_path(run_dir, 1).read_bytes())
+    partial["parts"][0]["entry"]["phases"]["step_ms"]["sum"] = "12"
+    partial_path(run_dir, 1).write_bytes(orjson.dumps(partial))
+    expected = single_pass(run_dir, tmp_path)
+    result = merged(run_dir)
+    notes = result.pop(schema.SUMMARY_NOTES)
+    assert any(
+        "node_1.json: a part's figures are not numbers; that node's rank files were read" in n
+        for n in notes
+    )
+    expected.pop(schema.SUMMARY_NOTES)
+    assert result == expected
+
+
 # Layouts where nodes compress their sketches: 5 ranks of a node pass COMPRESS_AT; and every
 # complete node's approximate sketches become one (NodeSketches.finish).
 COMPRESSING = [(2, 5, 2500), (10, 2, 2500)]

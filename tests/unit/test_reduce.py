@@ -71,6 +71,15 @@ def test_exact_figures_for_a_hand_made_two_rank_run(tmp_path):
     assert distribution[0] == 50 and distribution[-1] == 76 and distribution[500] == 65
 
 
+def test_warm_up_note_names_the_ranks_too_short_to_skip_it(tmp_path):
+    # Rank 1's two steps are all analysed: "of each rank" alone misstated what it includes.
+    write_run(tmp_path, [[dict(forward=30, backward=50)] * 40, [dict(forward=30, backward=50)] * 2])
+    note = reduce_run(tmp_path)["notes"][0]
+    assert note.startswith("skipped the first 2 steps of each rank as warm-up")
+    assert "except rank 1: too few steps to skip a warm-up" in note
+    assert "40 of 42 steps analysed" in note
+
+
 def test_truncated_last_line_keeps_the_complete_steps(tmp_path):
     path = write_rank(tmp_path, 0, [header(), *[step(i, forward=5) for i in range(5)]])
     with open(path, "ab") as handle:
@@ -153,6 +162,20 @@ def test_zero_steps(tmp_path):
     assert summary["steps_recorded"] == 0
     assert summary["overall"]["phases"]["step_ms"] is None
     assert summary["overall"]["steps_per_s"] is None
+
+
+def test_time_between_steps_is_unknown_when_no_gap_was_measured(tmp_path):
+    # Unmeasured is null: steps 500 ms apart whose gaps went unwritten are not 0 s apart.
+    records = [
+        step(i, i * 500.0, forward=30, backward=50) | {schema.GAP_MS: None} for i in range(30)
+    ]
+    write_rank(tmp_path, 0, [header(), *records, footer(30)])
+    summary = reduce_run(tmp_path)
+    assert summary["ranks"][0][schema.BETWEEN_STEPS_MS] is None
+    assert summary["overall"][schema.BETWEEN_STEPS_MS] is None
+    # One step has no gap to measure: nothing between steps.
+    write_rank(tmp_path / "one", 0, [header(), step(0, forward=30), footer(1)])
+    assert reduce_run(tmp_path / "one")["overall"][schema.BETWEEN_STEPS_MS] == 0.0
 
 
 def test_empty_file_is_a_note(tmp_path):

@@ -219,3 +219,47 @@ def test_device_busy_share_is_the_same_whether_every_step_is_timed_or_not():
         gap[fieldname][100] = None
     assert _device_busy(gap, 10) == walked(gap, 10)
     assert _device_busy(gap, 10)["steps"] == 489
+
+
+def test_telemetry_beyond_the_value_bound_is_unmeasured_and_the_summary_writes(
+    tmp_path: Path,
+) -> None:
+    # int(1e300) is a Python int that orjson cannot write: such a sample is damage, unmeasured.
+    import orjson
+
+    records = cuda_rank(steps=20)
+    for record in records:
+        if record.get(schema.KIND) == schema.KIND_SAMPLE:
+            record[schema.WORKER_PROCESSES] = 1e300
+            record[schema.CPU_SYSTEM_PCT] = 10.0
+            record[schema.ALLOC_RETRIES] = 1e300
+            record[schema.HOST_MEM_AVAILABLE] = 1e300
+            record[schema.HOST_MEM_TOTAL] = 2e300
+    summary = write(tmp_path, [records])
+    telemetry = summary[schema.SUMMARY_RANKS][0][schema.TELEMETRY]
+    assert telemetry[schema.HOST_CPU]["worker_processes_max"] is None
+    assert telemetry[schema.DEVICE_MEMORY]["alloc_retries"] is None
+    assert telemetry[schema.HOST_MEMORY] is None
+    orjson.dumps(summary)
+
+
+def test_device_busy_leaves_out_steps_whose_device_phases_went_unmeasured():
+    # Backward timed on the host but not on the device is unknown device time, not idle: read
+    # as 0 it made a compute-bound run LOW-DEVICE-UTILIZATION.
+    from traceml.analysis.resources import _device_busy
+
+    steps = 10
+    columns = {
+        schema.STEP: [100.0] * steps,
+        schema.H2D: [None] * steps,  # no transfer seen: no device time either
+        schema.FORWARD: [30.0] * steps,
+        schema.BACKWARD: [60.0] * steps,
+        schema.OPTIMIZER: [0.0] * steps,  # no optimizer step: none on the device either
+        schema.GPU_H2D: [None] * steps,
+        schema.GPU_FORWARD: [29.0] * steps,
+        schema.GPU_BACKWARD: [None] * steps,
+        schema.GPU_OPTIMIZER: [None] * steps,
+    }
+    assert _device_busy(columns, 0) is None
+    columns[schema.GPU_BACKWARD] = [59.0] * 5 + [None] * 5
+    assert _device_busy(columns, 0) == {"share": 0.88, "steps": 5}

@@ -80,3 +80,12 @@ def test_projection_and_short_series() -> None:
 
 def test_downsample_averages_and_skips_nulls() -> None:
     assert downsample([0, 1, 2, 3], [1.0, 3.0, None, None], 2) == [[0, 2.0]]
+
+
+def test_projection_beyond_any_step_is_unknown() -> None:
+    # A damaged headroom over a real slope: int() of it could not be written to the summary.
+    xs = list(range(100))
+    leaking = [1000 * MB + x * MB for x in xs]
+    for headroom in (1e300, 1e308):
+        trend = memory_trend(xs, leaking, headroom_bytes=headroom)
+        assert trend["significant"] and trend["projected_exhaustion_step"] is None

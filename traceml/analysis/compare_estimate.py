@@ -71,7 +71,9 @@ def run_estimate(summary: dict[str, Any], fieldname: str) -> RunEstimate | None:
     if isinstance(series, dict):
         stored = (series.get("fields") or {}).get(fieldname)
         return job_series.estimate(stored) if isinstance(stored, dict) else None
-    # A summary from before job series: only the pooled quantiles of all ranks' steps.
+    # No usable series: a summary from before job series, a damaged one, or a current one's
+    # null (no timed step, so no pooled quantiles either: None below). Only the pooled
+    # quantiles of all ranks' steps remain.
     phase_stats = _phase_stats(summary, fieldname)
     distribution = _distribution(summary, fieldname)
     if not phase_stats or not distribution:

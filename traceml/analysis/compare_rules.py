@@ -81,23 +81,39 @@ def decide_verdict(
     return verdict
 
 
+def _series_notes(summaries: tuple[dict[str, Any], ...]) -> list[str]:
+    """Notes on summaries without a job step series. Only an absent key means an older
+    traceml: a current one stores null when the run had no step to put in it."""
+    older, stepless, damaged = [], [], []
+    for summary in summaries:
+        series = summary.get(schema.SUMMARY_JOB_SERIES)
+        if isinstance(series, dict):
+            continue
+        name = f"{summary.get('_path') or summary.get(schema.RUN)}"
+        if schema.SUMMARY_JOB_SERIES not in summary:
+            older.append(name)
+        elif series is None and not summary.get(schema.SUMMARY_STEPS_ANALYSED):
+            stepless.append(name)
+        else:
+            damaged.append(name)
+    approximate = "its intervals are approximate (steps taken as independent, pooled over ranks)"
+    notes = []
+    if older:
+        notes.append(f"older summary without a job step series ({listing(older)}): {approximate}")
+    if damaged:
+        notes.append(f"no usable job step series ({listing(damaged)}): {approximate}")
+    if stepless:
+        notes.append(f"no job step series ({listing(stepless)}): the run recorded no steps")
+    return notes
+
+
 def comparison_notes(
     side_a: list[dict[str, Any]],
     side_b: list[dict[str, Any]],
     blocking: list[str],
     options: CompareOptions,
 ) -> list[str]:
-    approximate = [
-        f"{s.get('_path') or s.get(schema.RUN)}"
-        for s in (*side_a, *side_b)
-        if not isinstance(s.get(schema.SUMMARY_JOB_SERIES), dict)
-    ]
-    notes = []
-    if approximate:
-        notes.append(
-            "older summary without a job step series (" + listing(approximate) + "): its "
-            "intervals are approximate (steps taken as independent, pooled over ranks)"
-        )
+    notes = _series_notes((*side_a, *side_b))
     if blocking and options.allow_setup_change:
         notes.append("setup change accepted (--allow-setup-change): " + "; ".join(blocking))
     unfinished = [

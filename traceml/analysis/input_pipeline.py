@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from traceml import schema
-from traceml.analysis.clean import is_count
+from traceml.analysis.clean import is_count, is_number
 
 # Workers busier than this are the bottleneck; idler than IDLE_SHARE, they are not.
 BUSY_SHARE = 0.80
@@ -28,9 +28,9 @@ STARTUP_SHARE = 0.05
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value) if value >= 0 else None
+    # Past the step fields' bound a value is damage, and int() of its total could not be
+    # written to the summary.
+    return float(value) if is_number(value) and value >= 0 else None
 
 
 def _count(value: Any) -> int | None:
@@ -77,6 +77,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any] | None:
                 per_worker[name] = per_worker.get(name, 0) + int(values["batches"])
     if not last or not totals["batches"]:
         return None
+    if not all(is_number(total) for total in totals.values()):
+        return None  # many producers each near the bound: a damaged record, no breakdown
     batches = totals["batches"]
     return {
         "num_workers": _count(last.get("num_workers")),

@@ -187,14 +187,26 @@ def mixed_runs_note(headers: dict[int, dict[str, Any]]) -> str | None:
     )
 
 
-def warmup_note(recorded: int, analysed: int, ranks: int, skipped: int, warmup: int) -> str | None:
+def warmup_note(
+    recorded: int, analysed: int, skipped_by_rank: dict[int, int], warmup: int
+) -> str | None:
     """The note on skipped warm-up steps (or on too few steps to skip any)."""
+    skipped = max(skipped_by_rank.values(), default=0)
     if skipped:
+        # A rank with no more steps than the warm-up skips none: "each rank" alone would
+        # misstate what its figures include.
+        fewer = sorted(rank for rank, count in skipped_by_rank.items() if count < skipped)
         return (
             f"skipped the first {skipped} step{'s' if skipped != 1 else ''} of each rank as "
-            "warm-up (DataLoader start-up, lazy initialisation, allocator growth); "
-            f"{analysed} of {recorded} steps analysed"
+            "warm-up (DataLoader start-up, lazy initialisation, allocator growth)"
+            + (
+                f", except rank{'s' if len(fewer) != 1 else ''} {rank_ranges(fewer)}: too few "
+                "steps to skip a warm-up, so every step there is analysed"
+                if fewer
+                else ""
+            )
+            + f"; {analysed} of {recorded} steps analysed"
         )
-    if recorded and recorded <= warmup * ranks:
+    if recorded and recorded <= warmup * len(skipped_by_rank):
         return "too few steps to skip a warm-up: every recorded step is analysed"
     return None

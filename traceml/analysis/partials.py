@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from traceml import schema
+from traceml.analysis.clean import is_count, is_number
 from traceml.analysis.job_series import JobSeriesAccumulator
 from traceml.analysis.node_series import NodeSeries, node_of
 from traceml.analysis.node_sketches import NodeSketches
@@ -36,6 +37,26 @@ _PART_KEYS = (
     "header",
     "inputs",
 )
+
+
+# What the merge reads from each part's entry: counts it adds, figures it takes the largest of,
+# and each field's statistics (reduce_run's _FieldTotals and _overall).
+_ENTRY_COUNTS = (
+    schema.RANK,
+    schema.SUMMARY_STEPS_RECORDED,
+    schema.SUMMARY_STEPS_ANALYSED,
+    schema.SUMMARY_WARMUP,
+)
+_ENTRY_FIGURES = (
+    schema.STEPS_PER_S,
+    schema.PEAK_ALLOCATED,
+    schema.PEAK_RESERVED,
+    schema.PEAK_RSS,
+    schema.BETWEEN_STEPS_MS,
+    schema.AFTER_LAST_STEP_MS,
+    schema.WALL_MS,
+)
+_STATISTICS = ("sum", "mean", "min", "median", "p90", "max")
 
 
 def partial_path(run_dir: Path, node: int) -> Path:
@@ -180,7 +201,40 @@ def _untrusted(partial: Any, files: dict[int, Path], warmup: int, covered: set[i
         return "its parts do not match its ranks"
     if any(key not in part for part in parts for key in _PART_KEYS):
         return "a part lacks fields"
+    if not all(_numbers_usable(part) for part in parts):
+        return "a part's figures are not numbers"
     return None
+
+
+def _numbers_usable(part: dict[str, Any]) -> bool:
+    """Whether the figures the merge adds up are numbers: the partial is not re-checked as
+    rank files are (clean.py), so a damaged value would otherwise reach the arithmetic."""
+    entry, sums = part["entry"], part["share_sums"]
+    described = entry.get(schema.PHASE_STATS) if isinstance(entry, dict) else None
+    if not isinstance(described, dict) or not isinstance(sums, dict):
+        return False
+    return (
+        all(is_count(entry.get(key)) for key in _ENTRY_COUNTS)
+        and all(key in entry and _optional_number(entry[key]) for key in _ENTRY_FIGURES)
+        and all(stats is None or _statistics_usable(stats) for stats in described.values())
+        and all(isinstance(pair, list) and len(pair) == 2 for pair in sums.values())
+        and all(is_number(value) for pair in sums.values() for value in pair)
+        and (part["header"] is None or isinstance(part["header"], dict))
+        and isinstance(part["notes"], list)
+        and isinstance(part["inputs"] or [], list)
+    )
+
+
+def _optional_number(value: Any) -> bool:
+    return value is None or is_number(value)
+
+
+def _statistics_usable(stats: Any) -> bool:
+    return (
+        isinstance(stats, dict)
+        and is_count(stats.get("count"))
+        and all(is_number(stats.get(key)) for key in _STATISTICS)
+    )
 
 
 def missing_partials_note(loaded: LoadedPartials, read_nodes: set[int]) -> str | None:

@@ -160,7 +160,8 @@ def reduce_rank(
     entry[schema.PEAK_RESERVED] = max_or_none(columns[schema.MEM_PEAK_RESERVED])
     entry[schema.PEAK_RSS] = max_or_none(columns[schema.RSS])
     gaps = _present(columns[schema.GAP_MS])
-    entry[schema.BETWEEN_STEPS_MS] = math.fsum(gaps) if gaps else (0.0 if count else None)
+    # One step has no gap, so 0; several steps whose gaps all went unmeasured, unknown.
+    entry[schema.BETWEEN_STEPS_MS] = math.fsum(gaps) if gaps else (0.0 if count == 1 else None)
     entry[schema.WALL_MS], last_end = _step_span(columns)
     entry[schema.AFTER_LAST_STEP_MS] = _after_last_step(header, footer, last_end)
     entry[schema.TIMELINE] = _timeline(columns, skipped)

@@ -228,7 +228,7 @@ def _summary_from_parts(
     world_size = _world_size(totals.headers, found)
     missing = _missing_ranks(world_size, found)
     skipped = max((e[schema.SUMMARY_WARMUP] for e in totals.entries), default=0)
-    _add_run_notes(totals, missing, skipped, int(limits["warmup_steps"]))
+    _add_run_notes(totals, missing, int(limits["warmup_steps"]))
     overall = _overall(totals)
     setup = _setup(totals.headers, world_size)
     overall[schema.SAMPLES_PER_S] = _samples_per_s(overall, setup, world_size)
@@ -263,7 +263,7 @@ def _summary_from_parts(
     }
 
 
-def _add_run_notes(totals: _RunTotals, missing: list[int], skipped: int, warmup: int) -> None:
+def _add_run_notes(totals: _RunTotals, missing: list[int], warmup: int) -> None:
     """The run-level notes: missing ranks, the trace-max-steps message, then (first) warm-up."""
     mixed = mixed_runs_note(totals.headers)
     if mixed:
@@ -275,8 +275,7 @@ def _add_run_notes(totals: _RunTotals, missing: list[int], skipped: int, warmup:
     note = warmup_note(
         totals.steps(schema.SUMMARY_STEPS_RECORDED),
         totals.steps(schema.SUMMARY_STEPS_ANALYSED),
-        len(totals.entries),
-        skipped,
+        {entry[schema.RANK]: entry[schema.SUMMARY_WARMUP] for entry in totals.entries},
         warmup,
     )
     if note:

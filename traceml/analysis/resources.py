@@ -16,6 +16,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis import trend
+from traceml.analysis.clean import is_number
 
 # Leave out the first 10% of the analysed steps from the trend: the working set is still being
 # allocated (optimizer state after the first update, the allocator's pools, lazy modules).
@@ -33,8 +34,9 @@ def _numbers(records: list[dict[str, Any]], key: str) -> list[float]:
         value
         for record in records
         # Telemetry is never negative (percentages, bytes, counts): a negative value is a
-        # damaged sample, unmeasured, not 100% of memory in use.
-        if type(value := record.get(key)) in (int, float) and math.isfinite(value) and value >= 0
+        # damaged sample, unmeasured, not 100% of memory in use. Past the step fields' bound
+        # it is damage too, and int() of it could not be written to the summary.
+        if is_number(value := record.get(key)) and value >= 0
     ]
 
 
@@ -198,6 +200,7 @@ def _nvml(samples: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 _DEVICE_PHASES = (schema.GPU_H2D, schema.GPU_FORWARD, schema.GPU_BACKWARD, schema.GPU_OPTIMIZER)
+_HOST_PHASES = (schema.H2D, schema.FORWARD, schema.BACKWARD, schema.OPTIMIZER)
 
 
 def _device_busy(columns: dict[str, list[Any]], skipped: int) -> dict[str, Any] | None:
@@ -216,8 +219,14 @@ def _device_busy(columns: dict[str, list[Any]], skipped: int) -> dict[str, Any] 
         # Every step timed on both sides (a CUDA run's usual case): the same sums, at C speed.
         busy = map(min, analysed, map(math.fsum, zip(*device, strict=True)))
         return {"share": _add(busy) / _add(analysed), "steps": len(analysed)}
-    for step_ms, *phases in zip(analysed, *device, strict=True):
+    host = zip(*[(columns.get(field) or none)[skipped:] for field in _HOST_PHASES], strict=True)
+    for step_ms, host_phases, *phases in zip(analysed, host, *device, strict=True):
         if step_ms is None or step_ms <= 0 or all(p is None for p in phases):
+            continue
+        # A phase the host timed but the device did not is unmeasured device time, not idle
+        # time: that step's busy figure is unknown. (A phase the host did not see either, no
+        # transfer or no optimizer step, took no device time.)
+        if any(p is None and (h or 0) > 0 for p, h in zip(phases, host_phases, strict=True)):
             continue
         busy_total += min(step_ms, math.fsum(p for p in phases if p is not None))
         host_total += step_ms

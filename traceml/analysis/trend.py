@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from traceml.analysis.clean import is_number
 from traceml.analysis.stats import lag1_autocorrelation, quantile_sorted
 
 TREND_BINS = 200
@@ -125,7 +126,10 @@ def memory_trend(
     last_step = pairs[-1][0]
     projected = None
     if headroom_bytes is not None and slope > 0 and sustained:
-        projected = int(last_step + headroom_bytes / slope)
+        # A huge headroom over a tiny slope is no forecast (and int() of it could not be
+        # written to the summary): past the step fields' bound it stays unknown.
+        exhaustion = last_step + headroom_bytes / slope
+        projected = int(exhaustion) if is_number(exhaustion) else None
     return {
         "slope_mb_per_1k_steps": slope * 1000.0 / MB,
         "slope_low_mb_per_1k_steps": low * 1000.0 / MB,
