@@ -132,6 +132,25 @@ def test_a_hand_written_loop_is_traced_phase_by_phase(tmp_path, accelerate):
     assert_validation_outside_steps(steps, 2, 2 * 4 * GETITEM_MS + 2 * LOOP_MS[0])
 
 
+def test_a_loop_importing_lightning_is_traced_and_a_closure_step_is_named(tmp_path):
+    """A hand-written loop that only imports Lightning (its seed_everything, Fabric) was left
+    untraced with no word; a loop stepping optimizer.step(closure) (L-BFGS), whose forwards
+    run inside the step, was said to be 'a model compiled in place or trained in eval mode'
+    (helper review, stop 57)."""
+    records, stdout = traced_run(tmp_path, LOOP, "imports", LOOP_STEPS=4, LOOP_IMPORT_LIGHTNING=1)
+    assert "LOOP_RESULT steps=4" in stdout
+    assert_complete_steps = steps_of(records)
+    assert len(assert_complete_steps) == records[-1]["steps"] == 4
+    plain = run([PYTHON, LOOP], clean_env(LOOP_STEPS=4, LOOP_CLOSURE=1), tmp_path)
+    env = traced_env(tmp_path / "logs", "closure", LOOP_STEPS=4, LOOP_CLOSURE=1)
+    traced = run([PYTHON, LOOP], env, tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
+    assert traced.stdout == plain.stdout and "LOOP_RESULT steps=4" in plain.stdout
+    warnings = warning_lines(traced.stderr)
+    assert len(warnings) == 1 and "not tracing: optimizer.step(closure)" in warnings[0], warnings
+    assert not (tmp_path / "logs" / "closure").exists()
+
+
 def test_zipped_loaders_a_teacher_a_loss_module_and_epochs_are_attributed(tmp_path):
     """scripts/loop_shapes.py: each shape was mis-measured (review of stop 55): only the last
     zipped loader's wait counted; a teacher's eval-mode forward dropped the student's fetch and
@@ -204,6 +223,33 @@ def test_batches_from_no_dataloader_have_input_wait_null_and_the_report_says_so(
     report = run([PYTHON, "-m", "traceml", "report", tmp_path / "logs" / "noloader"], env, tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "Traceback" not in report.stdout + report.stderr
+
+
+SPAWNED = """
+import torch.multiprocessing as mp
+
+
+def rank(index):
+    print(f"RANK {index}", flush=True)
+
+
+if __name__ == "__main__":
+    mp.spawn(rank, nprocs=1)
+    print("SPAWN_DONE", flush=True)
+"""
+
+
+def test_ranks_started_by_torch_multiprocessing_spawn_are_named_untraced(tmp_path):
+    # The PyTorch DDP tutorial's launch: each rank a spawned child, which traceml reads as a
+    # multiprocessing helper (a DataLoader worker) and leaves untraced. Nothing said so.
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    plain = run([PYTHON, script], clean_env(), tmp_path)
+    traced = run([PYTHON, script], traced_env(tmp_path / "logs", "spawned"), tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
+    assert traced.stdout == plain.stdout == "RANK 0\nSPAWN_DONE\n"
+    warnings = warning_lines(traced.stderr)
+    assert len(warnings) == 1 and "torch.multiprocessing.spawn" in warnings[0], warnings
 
 
 def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):

@@ -66,12 +66,14 @@ LAUNCHERS: dict[str, dict] = {
     # validation pass, and a Hugging Face Trainer (tiny BERT from a config), one raising.
     "loop": {"LOOP_STEPS": STEPS, "LOOP_VALIDATE_EVERY": 4},
     "loop_amp": {"LOOP_STEPS": STEPS, "LOOP_SCALER": 1, "LOOP_OVERFLOW_AT": 2},
+    "loop_closure": {"LOOP_STEPS": STEPS, "LOOP_CLOSURE": 1},
     "hf": {"HF_STEPS": STEPS, "HF_HUB_OFFLINE": 1},
     "hf_raising": {"HF_STEPS": STEPS, "HF_RAISE_AT": RAISE_AFTER + 1, "HF_HUB_OFFLINE": 1},
 }
 SCRIPT_OF = {
     "loop": SCRIPTS / "plain_loop.py",
     "loop_amp": SCRIPTS / "plain_loop.py",
+    "loop_closure": SCRIPTS / "plain_loop.py",
     "hf": SCRIPTS / "hf_trainer.py",
     "hf_raising": SCRIPTS / "hf_trainer.py",
 }
@@ -79,8 +81,12 @@ SCRIPT_OF = {
 # exit code and warning only).
 REFERENCE = {"plain": "plain", "init": "plain", "raising": "raising", "torchrun": "torchrun"}
 EXPECTED_STEP = {"plain": STEPS, "init": STEPS, "raising": RAISE_AFTER, "torchrun": TORCHRUN_STEPS}
-REFERENCE.update(loop="loop", loop_amp="loop_amp", hf="hf", hf_raising="hf_raising")
-EXPECTED_STEP.update(loop=STEPS, loop_amp=STEPS, hf=STEPS, hf_raising=RAISE_AFTER)
+REFERENCE.update(
+    loop="loop", loop_amp="loop_amp", loop_closure="loop_closure", hf="hf", hf_raising="hf_raising"
+)
+EXPECTED_STEP.update(
+    loop=STEPS, loop_amp=STEPS, loop_closure=STEPS, hf=STEPS, hf_raising=RAISE_AFTER
+)
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,8 @@ SCENARIOS: dict[str, Scenario] = {
     "torch_loop.epoch_end": scenario("loop"),
     # AMP's GradScaler skipping the optimizer step of an overflowing step.
     "torch_loop.scaler_skipped": scenario("loop_amp"),
+    # optimizer.step(closure) (L-BFGS): named before any forward, so no rank file.
+    "torch_loop.closure_step": scenario("loop_closure", None),
     "hf_trainer.train": scenario("hf", None),
     "hf_trainer.on_train_begin": scenario("hf", None),
     "hf_trainer.on_pre_optimizer_step": scenario("hf"),

@@ -616,3 +616,18 @@ def test_a_validation_pass_over_the_training_loader_itself_turns_no_epoch():
     fetches.take(taken)
     fetch(fetches, next_epoch, 5_100, 5_110)
     assert not fetches.epoch_turned(fetches.for_training())  # said once, at the pass
+
+
+def test_a_first_step_skipped_by_the_grad_scaler_still_takes_the_global_hooks_away(capture):
+    # fp16 AMP's first step usually overflows: GradScaler skips optimizer.step(), so no
+    # post-hook came and the global module hooks stayed on every module call of the run
+    # (helper review, stop 57).
+    found = []
+    capture.hooks.roots_found = lambda: found.append(True)
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    train_microbatch(capture, model)
+    capture.scaler_skipped(optimizer)
+    assert capture.steps == 1 and found == [True]
+    train_microbatch(capture, model)
+    step(capture, optimizer)
+    assert capture.steps == 2 and found == [True]

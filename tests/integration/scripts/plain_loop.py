@@ -6,8 +6,10 @@ per forward, per backward, per optimizer step), LOOP_VALIDATE_EVERY (a validatio
 steps), LOOP_ACCELERATE=1 (the same loop through accelerate.Accelerator(cpu=True)),
 LOOP_SLOW_RANK / LOOP_SLOW_FORWARD_MS (one DDP rank slower in forward), LOOP_WORKERS (the
 training DataLoader's num_workers), LOOP_REGISTER_HOOK_AT (DDP: the user's comm hook after
-that step). Under torchrun (2 ranks) it trains with DDP on gloo. Prints
-``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
+that step), LOOP_CLOSURE=1 (each step through optimizer.step(closure), the forward and backward
+inside the closure, as L-BFGS needs), LOOP_IMPORT_LIGHTNING=1 (Lightning's seed_everything
+first: a loop that only imports Lightning). Under torchrun (2 ranks) it trains with DDP on gloo.
+Prints ``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
 
 from __future__ import annotations
@@ -141,6 +143,13 @@ def register_comm_hook(model: nn.Module) -> None:
     print(f"LOOP_REGISTER {outcome}", flush=True)
 
 
+def closure(model: nn.Module, optimizer, loss_fn, x, y) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    return loss
+
+
 def validate(model: nn.Module, loader: DataLoader) -> None:
     model.eval()
     with torch.no_grad():
@@ -152,6 +161,10 @@ def validate(model: nn.Module, loader: DataLoader) -> None:
 def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if os.environ.get("LOOP_IMPORT_LIGHTNING"):
+        from lightning.pytorch import seed_everything
+
+        seed_everything(0, verbose=False)
     world = env_int("WORLD_SIZE", 1)
     rank = env_int("RANK", 0)
     if world > 1:
@@ -180,7 +193,12 @@ def main() -> int:
     scaler = torch.amp.GradScaler("cpu") if os.environ.get("LOOP_SCALER") else None
     overflow_at = env_int("LOOP_OVERFLOW_AT", -1)
     stepped = 0
+    closure_steps = os.environ.get("LOOP_CLOSURE")
     for index, (x, y) in enumerate(loader):
+        if closure_steps:
+            optimizer.step(lambda x=x, y=y: closure(model, optimizer, loss_fn, x, y))
+            stepped += 1
+            continue
         loss = loss_fn(model(x), y) / accum
         if stepped == overflow_at:
             loss = loss * float("inf")

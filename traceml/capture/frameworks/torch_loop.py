@@ -22,8 +22,10 @@ prepared loaders do); the rank file says so.
 
 The root modules are found cheaply: a global forward pre/post hook (every module call) only
 until the first optimizer step, then hooks on the roots alone (``torch_loop_hooks``). The session
-opens at the first training forward, unless a Lightning package is loaded (its callback is more
-precise); a Lightning fit that claims the process later makes this capture stand down.
+opens at the first training forward, unless a LightningModule makes it or RF-DETR is loaded
+(Lightning's callback is more precise, and a fit claims the process before its first training
+forward: this capture then stands down). A loop that only imports Lightning (its
+``seed_everything``, Fabric) is traced here.
 """
 
 from __future__ import annotations
@@ -42,12 +44,10 @@ from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
-from .torch_loop_facts import loop_facts, module_device, rank_info, scripted
+from .torch_loop_facts import loop_facts, module_device, rank_info, scripted, trained_by_lightning
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
 
-# Trained through a Lightning callback (RF-DETR builds a pytorch_lightning Trainer).
-_LIGHTNING = ("lightning.pytorch", "pytorch_lightning", "rfdetr")
 NOTE_H2D = (
     "any-loop capture: the batch's copy to the device is not timed apart (H2D is null); it is "
     "in Residual, or in Input Wait where the DataLoader moves the batch (Accelerate)"
@@ -128,7 +128,7 @@ class LoopCapture:
             )
             self.stand_down()
             return False
-        if any(name in sys.modules for name in _LIGHTNING):
+        if trained_by_lightning(module):
             self.stand_down()  # a Lightning fit will claim it (more precise hooks)
             return False
         if not claim.claim(self):
@@ -259,8 +259,8 @@ class LoopCapture:
         """No training forward opened the session, and an optimizer steps: nothing will (a
         module compiled in place runs its hooks inside the compiled graph, where the compiler
         leaves them out). Named once, and the hooks go: no cost for a loop not traced."""
-        if any(name in sys.modules for name in _LIGHTNING):
-            return  # a Lightning fit claims the process and traces it its own way
+        if "rfdetr" in sys.modules:
+            return  # RF-DETR trains through Lightning, which claims the process its own way
         from traceml import console
 
         console.warn(
@@ -268,6 +268,19 @@ class LoopCapture:
             "call in train mode with gradients on); a model compiled in place "
             "(model.compile()) or trained in eval mode is not traced; training runs natively"
         )
+        self.stand_down()
+
+    @entry_point("torch_loop.closure_step", "torch.optim's step pre-hook, given a closure")
+    def closure_step(self) -> None:
+        """``optimizer.step(closure)`` (L-BFGS) runs forwards and backwards inside the step:
+        its phases cannot be told apart, so the loop is named and left untraced."""
+        reason = "optimizer.step(closure) runs forward and backward inside the step (L-BFGS)"
+        if self.session is not None:
+            self.session.disable(reason)
+        else:
+            from traceml import console
+
+            console.warn(f"not tracing: {reason}; training runs natively")
         self.stand_down()
 
     @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
@@ -296,6 +309,10 @@ class LoopCapture:
         session = self.session
         if session is None or not session.clock.in_microbatch:
             return
+        if self.steps == 0:
+            # (also where the first step's optimizer.step() was skipped, by AMP's GradScaler on
+            # an overflow, so no post-hook came: the global hooks stayed for the whole run)
+            self.hooks.roots_found()
         self.steps += 1
         session.batch_ended(self.steps if global_step is None else global_step, self.epoch)
 
@@ -371,6 +388,9 @@ def on_import(module: Any) -> None:
         return
     _capture = LoopCapture(settings)
     _capture.install()
+    from .torch_spawn import name_spawned_ranks
+
+    name_spawned_ranks()
 
 
 def active_capture() -> LoopCapture | None:

@@ -4,6 +4,7 @@ the rank's place in the job, the model's device, and whether the model can be tr
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from traceml import schema
@@ -13,6 +14,22 @@ def scripted(module: Any) -> bool:
     import torch
 
     return isinstance(module, torch.jit.ScriptModule)
+
+
+# Trained through a Lightning callback: a LightningModule's, and RF-DETR's (it builds a
+# pytorch_lightning Trainer).
+_LIGHTNING_MODULES = ("lightning.pytorch.", "pytorch_lightning.")
+
+
+def trained_by_lightning(module: Any) -> bool:
+    """A LightningModule's forward (a sanity forward before a fit, or a fit whose claim did
+    not come first), or RF-DETR's model, whose training Lightning runs."""
+    if "rfdetr" in sys.modules:
+        return True
+    return any(
+        klass.__name__ == "LightningModule" and klass.__module__.startswith(_LIGHTNING_MODULES)
+        for klass in type(module).__mro__
+    )
 
 
 def module_device(module: Any) -> Any:

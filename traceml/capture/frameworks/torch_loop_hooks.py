@@ -132,13 +132,18 @@ class LoopHooks:
 
     # -- optimizer -------------------------------------------------------------------------
 
-    def _optimizer_pre(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # An optimizer step inside torch.compile: the compiler would trace traceml's clock and
         # bookkeeping and break the user's graph there; such a step is left undelimited (the
         # rank file's "no optimizer step" note, as a step compiled into one graph).
         if _compiling():
             return
-        self.capture.optimizer_started(optimizer)
+        # (``args`` starts with the optimizer itself; Accelerate's wrapper passes closure=None
+        # positionally: only a closure counts)
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
+            self.capture.closure_step()
+        else:
+            self.capture.optimizer_started(optimizer)
 
     def _optimizer_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if _compiling():
