@@ -20,6 +20,8 @@ from traceml.guarded_output import guarded_std_streams
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell shows for a command Ctrl-C stopped
+
 
 def _threshold_overrides(items: Sequence[str] | None) -> dict[str, float]:
     from traceml.thresholds import ThresholdError, parse_threshold_override
@@ -53,14 +55,20 @@ def _add_run(commands: Any) -> None:
         help="run a training script traced, then print the diagnosis",
         description=(
             "Run SCRIPT (or -m MODULE) exactly as python would, with tracing on. Everything "
-            "after --args goes to the script unchanged."
+            "after --args goes to the script unchanged. The TRACEML_* variables of a direct "
+            "launch apply too; an option given overrides its variable."
         ),
     )
     target = run.add_mutually_exclusive_group(required=True)
     target.add_argument("script", nargs="?", help="the training script")
     target.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
-    run.add_argument("--logs-dir", default="logs", help="where run directories go (./logs)")
-    run.add_argument("--run-name", help="run directory name (default: script name + time)")
+    # No defaults here: an option not given leaves its TRACEML_* variable to decide.
+    run.add_argument(
+        "--logs-dir", help="where run directories go (env TRACEML_LOGS_DIR, else ./logs)"
+    )
+    run.add_argument(
+        "--run-name", help="run directory name (env TRACEML_RUN_NAME, else script name + time)"
+    )
     run.add_argument(
         "--trace-max-steps", type=int, metavar="N", help="record only the first N steps"
     )
@@ -286,20 +294,31 @@ def _main(argv: Sequence[str] | None) -> int:
             from traceml.launch import run_command
 
             return run_command(args, thresholds=_threshold_overrides(args.threshold))
-        if args.command == "report":
-            return _report(args)
+        if args.command in ("report", "compare"):
+            return _interruptible(args)
         if args.command == "watch":
-            return _watch(args)
-        if args.command == "compare":
-            from traceml.compare_command import compare_command
-
-            return compare_command(args)
+            return _watch(args)  # says its own line on Ctrl-C: the run goes on
     except UserError as exc:
         # The one place user errors become a line and an exit code (traceml/errors.py).
         print(f"traceml: error: {exc}", file=sys.stderr)
         return exc.exit_code
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
+
+
+def _interruptible(args: argparse.Namespace) -> int:
+    """``report`` or ``compare``; Ctrl-C is one line and the shell's 128 + SIGINT, as the user
+    asked for it: no traceback (their files are written whole or not at all). Not ``run``:
+    there Ctrl-C goes to the script, and traceml.launch_child decides what follows."""
+    try:
+        if args.command == "report":
+            return _report(args)
+        from traceml.compare_command import compare_command
+
+        return compare_command(args)
+    except KeyboardInterrupt:
+        print(f"traceml: {args.command} interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:

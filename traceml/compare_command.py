@@ -3,6 +3,7 @@ sees (0 ok, 1 regression beyond the limit, 2 bad input, 3 inconclusive under the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -85,14 +86,18 @@ def compare_command(args: Any) -> int:
     if args.output is not None:
         output_paths(args.output)  # a bad --output is said before any work
     floor = None
+    floor_runs: list[dict[str, Any]] = []
     if args.noise_floor_from:
-        floor = measure_noise_floor(_distinct([load_summary(p) for p in args.noise_floor_from]))
+        floor_runs = _distinct([load_summary(p) for p in args.noise_floor_from])
+        floor = measure_noise_floor(floor_runs)
         if not args.runs and not args.vs:  # measuring only
             sys.stdout.write("\n".join(noise_floor_lines(floor)) + "\n")
             return EXIT_OK
     paths_a, paths_b = split_sides(args.runs, args.vs)
     side_a = _distinct([load_summary(path) for path in paths_a])
     side_b = _distinct([load_summary(path) for path in paths_b])
+    if args.output is not None:
+        _check_output_is_no_input(args.output, [*side_a, *side_b, *floor_runs])
     try:
         result = compare(side_a, side_b, _options(args, floor))
         # Printing reads the summaries' figures too (imbalance, memory): inside the same net.
@@ -159,6 +164,21 @@ def _options(args: Any, floor: NoiseFloor | None) -> CompareOptions:
         noise_floor_source=source,
         noise_floor_runs=runs,
     )
+
+
+def _check_output_is_no_input(output: str, summaries: list[dict[str, Any]]) -> None:
+    """--output naming a summary being compared (A/final_summary.json) would replace it with
+    the comparison: refused before comparing. samefile also catches another spelling of the
+    path (a symlink, ../a, a case-insensitive file system)."""
+    for written in output_paths(output):
+        for summary in summaries:
+            source = summary.get("_path")
+            with contextlib.suppress(OSError):  # no such output file yet: it is no input
+                if source and os.path.samefile(written, source):
+                    raise CompareInputError(
+                        f"--output {output} would overwrite {source}, one of the summaries "
+                        "compared: choose another path"
+                    )
 
 
 def _write_outputs(output: str, result: dict[str, Any], text: str) -> None:

@@ -23,13 +23,17 @@ from traceml import schema
 from traceml.errors import LaunchError
 from traceml.launch_child import die_like, run_child
 from traceml.settings import (
+    ENV_LAUNCHER,
+    ENV_LOGS_DIR,
+    ENV_REPORT_WAIT_S,
+    ENV_RUN_NAME,
     Settings,
     SettingsError,
     is_valid_run_name,
     load_settings,
     make_launch_stamp,
-    sanitize_run_name,
     settings_to_env,
+    stamped_run_name,
 )
 from traceml.versions import package_versions
 
@@ -74,7 +78,7 @@ def validate(args: argparse.Namespace) -> None:
         raise LaunchError("--master-port must be between 1 and 65535")
     if args.trace_max_steps is not None and args.trace_max_steps < 1:
         raise LaunchError("--trace-max-steps must be at least 1")
-    if not str(args.logs_dir).strip():
+    if args.logs_dir is not None and not args.logs_dir.strip():
         raise LaunchError("--logs-dir needs a directory (the default is ./logs)")
     if args.run_name is not None and not is_valid_run_name(args.run_name):
         raise LaunchError(
@@ -94,17 +98,37 @@ def _check_environment(settings: Settings) -> None:
 
 
 def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Settings:
+    """The options given, over the user's TRACEML_* variables (read as a direct launch reads
+    them), over the defaults: TRACEML_LOGS_DIR=/scratch traceml run ... writes to /scratch."""
+    # Variables an option or the launcher replaces are not read: a bad one is no error then.
+    replaced = {ENV_REPORT_WAIT_S, ENV_LAUNCHER}
+    if args.logs_dir is not None:
+        replaced.add(ENV_LOGS_DIR)
+    if args.run_name is not None:
+        replaced.add(ENV_RUN_NAME)
+    environ = {key: value for key, value in os.environ.items() if key not in replaced}
+    try:
+        env = load_settings(environ, argv=[sys.executable])
+    except SettingsError as exc:
+        raise LaunchError(str(exc)) from None
     stem = args.module.rsplit(".", 1)[-1] if args.module else Path(args.script).stem
-    explicit = args.run_name is not None
-    run_name = args.run_name or sanitize_run_name(f"{stem}-{make_launch_stamp()}")
+    explicit = args.run_name is not None or env.run_name_explicit
+    run_name = args.run_name or (
+        env.run_name if env.run_name_explicit else stamped_run_name(stem, make_launch_stamp())
+    )
+    # os.path.expanduser, as for TRACEML_LOGS_DIR: an unknown ~user stays a plain name
+    # (Path.expanduser raises RuntimeError on it).
+    logs_dir = env.logs_dir if args.logs_dir is None else os.path.expanduser(args.logs_dir)
     return Settings(
-        logs_dir=Path(args.logs_dir).expanduser().resolve(),
+        logs_dir=Path(logs_dir).resolve(),
         run_name=run_name,
-        trace_max_steps=args.trace_max_steps,
-        report=not args.no_report,
-        html=args.html,
+        trace_max_steps=(
+            env.trace_max_steps if args.trace_max_steps is None else args.trace_max_steps
+        ),
+        report=env.report and not args.no_report,
+        html=env.html or args.html,
         launcher_managed=True,
-        thresholds=dict(thresholds),
+        thresholds={**env.thresholds, **thresholds},  # --threshold on top of the variables
         run_name_explicit=explicit,
     )
 

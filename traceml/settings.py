@@ -48,6 +48,7 @@ _OFF_VALUES = frozenset(OFF_VALUES)  # the rule the start-up hook applies to TRA
 _ON_VALUES = frozenset({"1", "true", "yes", "on"})
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _NAME_MAX = 128
+_DERIVED_NAME_MAX = 80  # a name traceml makes up (script stem + launch stamp)
 
 
 class Settings:
@@ -148,7 +149,15 @@ def is_valid_run_name(name: str) -> bool:
 def sanitize_run_name(text: str) -> str:
     """Turn a script stem into something :func:`is_valid_run_name` accepts."""
     cleaned = "".join(char if char in _NAME_CHARS else "_" for char in text).strip("._-")
-    return (cleaned or "run")[:80]
+    return (cleaned or "run")[:_DERIVED_NAME_MAX]
+
+
+def stamped_run_name(stem: str, stamp: str) -> str:
+    """``<stem>-<stamp>``, at most ``_DERIVED_NAME_MAX`` characters: a long stem is cut, never
+    the stamp, which alone tells two launches of one script apart (cut after it was added,
+    the second launch found the first one's directory)."""
+    suffix = sanitize_run_name(stamp)[: _DERIVED_NAME_MAX - 2]
+    return f"{sanitize_run_name(stem)[: _DERIVED_NAME_MAX - 1 - len(suffix)]}-{suffix}"
 
 
 def make_launch_stamp(now: float | None = None) -> str:
@@ -162,18 +171,25 @@ def interpreter_target(argv: Sequence[str]) -> tuple[str, str]:
     index = 0
     while index < len(args):
         arg = args[index]
-        if arg in ("-W", "-X", "--check-hash-based-pycs"):
-            index += 2
+        index += 1
+        if arg == "-" or not arg.startswith("-"):
+            return "script", arg
+        if arg.startswith("--"):
+            if arg == "--check-hash-based-pycs":  # the one long option with a value
+                index += 1
             continue
-        for flag, kind in (("-m", "module"), ("-c", "code")):
-            if arg == flag:
-                return kind, args[index + 1] if index + 1 < len(args) else ""
-            if arg.startswith(flag):
-                return kind, arg[2:]
-        if arg.startswith("-") and arg != "-":
-            index += 1
-            continue
-        return "script", arg
+        # One-letter flags cluster as CPython's Python/getopt.c reads them (-um MODULE,
+        # -Bm pkg.train, -Ec CODE): -m and -c end the options, -W and -X end the cluster; each
+        # takes the rest of the cluster as its value, or else the next argument.
+        for position, letter in enumerate(arg[1:], start=2):
+            rest = arg[position:]
+            if letter in "mc":
+                kind = "module" if letter == "m" else "code"
+                return kind, rest or (args[index] if index < len(args) else "")
+            if letter in "WX":
+                if not rest:
+                    index += 1
+                break
     return "none", ""
 
 
@@ -249,11 +265,11 @@ def default_run_name(
     stem = script_stem(argv)
     stamp = environ.get(ENV_LAUNCH_STAMP, "").strip()
     if stamp:
-        return sanitize_run_name(f"{stem}-{stamp}")
+        return stamped_run_name(stem, stamp)
     run_id = environ.get("TORCHELASTIC_RUN_ID", "").strip()
     if run_id and run_id != "none":
-        return sanitize_run_name(f"{stem}-{run_id}")
-    return sanitize_run_name(f"{stem}-{make_launch_stamp(now)}")
+        return stamped_run_name(stem, run_id)
+    return stamped_run_name(stem, make_launch_stamp(now))
 
 
 def load_settings(

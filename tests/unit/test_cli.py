@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from traceml.cli import main
 
 from rankfiles import footer, header, synthetic_run, write_rank
@@ -106,3 +108,33 @@ def test_launch_does_not_import_the_cli():
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     }
     assert "traceml.cli" not in imported
+
+
+def test_an_unknown_user_in_logs_dir_is_no_internal_error(tmp_path, monkeypatch, capsys):
+    # "~nouser/x" made Path.expanduser raise: a traceback and exit 70. It is a plain name now
+    # (as in TRACEML_LOGS_DIR); a taken --run-name there stops the launch before the script.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRACEML_LOGS_DIR", raising=False)
+    script = tmp_path / "ok.py"
+    script.write_text("")
+    (tmp_path / "~traceml_no_such_user" / "x" / "taken").mkdir(parents=True)
+    argv = ["run", str(script), "--logs-dir", "~traceml_no_such_user/x", "--run-name", "taken"]
+    assert main(argv) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "target"),
+    [("report", "traceml.cli._report"), ("compare", "traceml.compare_command.compare_command")],
+)
+def test_ctrl_c_in_report_or_compare_is_one_line_exit_130(command, target, monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, interrupted)
+    try:
+        code = main([command, "a", "b"] if command == "compare" else [command, "a"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped traceml.cli.main: a traceback")
+    assert code == 130
+    assert capsys.readouterr().err == f"traceml: {command} interrupted\n"

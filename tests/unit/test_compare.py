@@ -455,6 +455,23 @@ def test_output_as_a_directory_or_empty(tmp_path, capsys, monkeypatch):
     assert "--output needs a path" in capsys.readouterr().err
 
 
+def test_output_that_is_an_input_is_refused(tmp_path, capsys):
+    # --output A/final_summary.json replaced summary A with the comparison.
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    before = a.read_bytes(), b.read_bytes()
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    via_b = tmp_path / "b" / ".." / "a" / "final_summary.json"
+    for output in (a, a.with_suffix(""), tmp_path / "link" / "final_summary", via_b):
+        assert main(["compare", str(tmp_path / "a"), str(b), "--output", str(output)]) == 2, output
+        err = capsys.readouterr().err
+        assert "would overwrite" in err and "one of the summaries compared" in err, output
+        assert err.count("\n") == 1
+    assert (a.read_bytes(), b.read_bytes()) == before
+    # An output beside the inputs is fine.
+    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "a" / "vs_b")]) == 0
+
+
 def test_a_run_that_did_not_complete_is_named_in_the_comparison(tmp_path, capsys):
     a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
     b, summary = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)

@@ -115,3 +115,38 @@ def test_distributed_env():
     d = s.distributed_env(env)
     assert (d.rank, d.local_rank, d.world_size, d.node_rank) == (3, 1, 4, 1)
     assert s.distributed_env({"RANK": "x"}).rank is None
+
+
+def test_a_long_script_name_keeps_its_stamp():
+    # The stamp was cut off a stem of 80+ characters: the second launch of that script found
+    # the first one's directory ("rank_0.jsonl already exists").
+    argv = ["python", "x" * 120 + ".py"]
+    first = s.default_run_name({}, argv, now=0)
+    second = s.default_run_name({}, argv, now=1)
+    assert first != second
+    assert second.endswith("-" + s.make_launch_stamp(1))
+    assert len(second) == 80 and s.is_valid_run_name(second)
+    stamp = {"TRACEML_LAUNCH_STAMP": "20260101-000000"}
+    assert s.default_run_name(stamp, argv).endswith("-20260101-000000")
+    assert s.default_run_name({"TORCHELASTIC_RUN_ID": "job42"}, argv).endswith("-job42")
+    # A run id too long to fit keeps one letter of the stem and the first 78 of the id.
+    assert s.default_run_name({"TORCHELASTIC_RUN_ID": "j" * 200}, argv) == "x-" + "j" * 78
+
+
+@pytest.mark.parametrize(
+    ("argv", "target"),
+    [
+        (["python", "-um", "torch.distributed.run", "x.py"], ("module", "torch.distributed.run")),
+        (["python", "-Bm", "pkg.train", "--lr", "1"], ("module", "pkg.train")),
+        (["python", "-Bmpkg.train"], ("module", "pkg.train")),
+        (["python", "-Ec", "print(1)"], ("code", "print(1)")),
+        (["python", "-uW", "ignore", "t.py"], ("script", "t.py")),
+        (["python", "-uWignore", "-m", "pkg"], ("module", "pkg")),
+        (["python", "-X", "dev", "-Im", "pkg"], ("module", "pkg")),
+        (["python", "--check-hash-based-pycs", "always", "t.py"], ("script", "t.py")),
+        (["python", "-"], ("script", "-")),
+        (["python", "-m"], ("module", "")),
+    ],
+)
+def test_interpreter_target_reads_combined_flags_as_cpython(argv, target):
+    assert s.interpreter_target(argv) == target
