@@ -252,6 +252,44 @@ def test_ranks_started_by_torch_multiprocessing_spawn_are_named_untraced(tmp_pat
     assert len(warnings) == 1 and "torch.multiprocessing.spawn" in warnings[0], warnings
 
 
+COMPILED = """
+import os
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+if os.environ["HOW"] == "wrapper":
+    compiled = torch.compile(model, backend="eager")
+else:
+    model.compile(backend="eager")
+    compiled = model
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+data = TensorDataset(torch.randn(16, 8), torch.randn(16, 1))
+for x, y in DataLoader(data, batch_size=2):
+    nn.functional.mse_loss(compiled(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print("graphs", torch._dynamo.utils.counters["stats"]["unique_graphs"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["wrapper", "in_place"])
+def test_a_compiled_model_is_not_compiled_again_for_traceml(tmp_path, how):
+    # torch's compiler guards its graphs on the number of global module hooks: taking the
+    # capture's away at the first optimizer step (or at its stand-down for a model compiled in
+    # place) compiled the model a second time, in the user's next step (helper review, stop 57).
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    plain = run([PYTHON, script], clean_env(HOW=how), tmp_path)
+    traced = run([PYTHON, script], traced_env(tmp_path / "logs", how, HOW=how), tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
+    assert traced.stdout == plain.stdout == "graphs 1\n"
+    if how == "wrapper":  # traced, every step
+        assert len(steps_of(rank_records(tmp_path / "logs" / how))) == 8
+
+
 def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):
     records, stdout = traced_run(
         tmp_path,

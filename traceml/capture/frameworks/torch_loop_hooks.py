@@ -16,6 +16,7 @@ before and after goes through the capture's guarded entry points. Everything is 
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from typing import Any
 
@@ -52,6 +53,7 @@ class LoopHooks:
         self._depth = 0  # module calls in progress (the outermost one is the forward)
         self._outer_timed = False
         self._forward_handles: list[Any] = []
+        self._inert = False  # the global hooks left registered, doing nothing (see remove)
         self._undo: list[Any] = []
 
     def install(self) -> None:
@@ -74,7 +76,7 @@ class LoopHooks:
     # -- forward ---------------------------------------------------------------------------
 
     def _pre(self, module: Any, _args: Any) -> None:
-        if _compiling():  # only ever true while torch's compiler traces: see _compiling
+        if _compiling() or self._inert:  # (compiling: only while torch's compiler traces)
             return
         depth = self._depth
         if depth == 0 and self._forward_handles and _parameter_free(module):
@@ -92,7 +94,7 @@ class LoopHooks:
                 self.roots.add(module)
 
     def _post(self, _module: Any, _args: Any, _output: Any) -> None:
-        if _compiling() or self._depth == 0:  # (0: a parameter-free module's, see _pre)
+        if _compiling() or self._inert or self._depth == 0:  # (0: parameter-free, see _pre)
             return
         self._depth -= 1
         if self._depth == 0 and self._outer_timed:
@@ -100,8 +102,11 @@ class LoopHooks:
             self.capture.forward_ended()
 
     def roots_found(self) -> None:
-        """After the first optimizer step: hooks on the roots only (no per-module cost)."""
-        if not self._forward_handles:
+        """After the first optimizer step: hooks on the roots only (no per-module cost).
+        Not where torch's compiler ran with the global hooks (see :meth:`_compiled`): they
+        stay, and time the forward; the module calls they see are the compiled graph's
+        outside (inside it, the compiler leaves them out)."""
+        if not self._forward_handles or self._compiled():
             return
         global_handles, self._forward_handles = self._forward_handles, []
         for handle in global_handles:
@@ -236,9 +241,27 @@ class LoopHooks:
 
     # -- removing --------------------------------------------------------------------------
 
+    def _compiled(self) -> bool:
+        """Whether torch's compiler made a graph while traceml's global module hooks were on:
+        its graphs are guarded on the number of global hooks, so taking them away would make
+        it compile the model again (a recompile of seconds to minutes, in the user's next
+        step; helper review, stop 57)."""
+        if any(type(root).__name__ == "OptimizedModule" for root in self.roots):
+            return True  # torch.compile(model): the wrapper is the root
+        dynamo = sys.modules.get("torch._dynamo")  # (model.compile(): no root is seen)
+        try:
+            return bool(dynamo is not None and dynamo.utils.counters["stats"]["unique_graphs"])
+        except Exception:
+            return False
+
     def remove(self) -> None:
-        """Take everything away (idempotent; each undo is attempted even if one fails)."""
+        """Take everything away (idempotent; each undo is attempted even if one fails). The
+        global module hooks, where the compiler ran with them, stay registered and do nothing
+        (:meth:`_compiled`): the one trace of traceml left, in torch's private hook dicts."""
         handles, self._forward_handles = self._forward_handles, []
+        if handles and self._compiled():
+            self._inert = True
+            handles = []
         for handle in handles:
             try:
                 handle.remove()
