@@ -311,6 +311,16 @@ def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):
     assert_validation_outside_steps(steps, 2, 2 * 4 * GETITEM_MS + 2 * HF_MS[0])
 
 
+def test_a_forward_before_train_is_no_step_and_no_retry(tmp_path):
+    # A sanity forward in train mode before trainer.train() opened the session: the Trainer's
+    # begin then wrote the auto_find_batch_size retry note (helper review, stop 57).
+    records, stdout = traced_run(tmp_path, HF, "sanity", HF_STEPS=3, HF_SANITY=1)
+    assert "HF_RESULT global_step=3" in stdout
+    steps = steps_of(records)
+    assert [s[schema.GLOBAL_STEP] for s in steps] == [1, 2, 3] and records[-1]["steps"] == 3
+    assert not any("started its training loop again" in r.get("message", "") for r in records)
+
+
 def test_an_exception_in_a_trainer_is_recorded_and_reaches_the_user(tmp_path):
     env = traced_env(tmp_path / "logs", "raise", HF_HUB_OFFLINE="1", HF_STEPS=6, HF_RAISE_AT=4)
     result = run([PYTHON, HF], env, tmp_path, timeout=300)

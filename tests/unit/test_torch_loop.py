@@ -631,3 +631,16 @@ def test_a_first_step_skipped_by_the_grad_scaler_still_takes_the_global_hooks_aw
     train_microbatch(capture, model)
     step(capture, optimizer)
     assert capture.steps == 2 and found == [True]
+
+
+def test_forwards_before_the_loop_are_no_step(capture):
+    # A dry run (a train-mode forward to build lazy modules, a shape check) before the loop
+    # opened the first step there: step 0 had 2 microbatches and started at the dry run.
+    model, optimizer = torch.nn.Linear(2, 2), Optimizer()
+    assert capture.forward_started(model)  # no fetch, no backward after it
+    capture.forward_ended()
+    train_microbatch(capture, model)
+    step(capture, optimizer)
+    calls = capture.session.calls
+    assert ("abandon_step",) in calls
+    assert [c for c in calls if c[0] == "batch_ended"] == [("batch_ended", 1, 0)]

@@ -4,7 +4,8 @@ Environment: HF_STEPS (max_steps, default 6), HF_ACCUM (gradient_accumulation_st
 HF_GETITEM_MS / HF_FORWARD_MS / HF_BACKWARD_MS / HF_OPTIMIZER_MS (sleeps per sample, forward,
 backward, optimizer step), HF_EVAL_STEPS (evaluate every N steps; 0: never), HF_RAISE_AT (raise
 from the model's forward at this call), HF_OOM_AT (an out-of-memory error at this call, with
-auto_find_batch_size: the Trainer retries with half the batch).
+auto_find_batch_size: the Trainer retries with half the batch), HF_SANITY=1 (a forward in
+train mode before train(): a sanity check of the model).
 Prints ``HF_RESULT global_step=<n>``.
 """
 
@@ -148,6 +149,9 @@ def main() -> int:
             optimizers=(optimizer, None),
             callbacks=[RoundTrip()] if os.environ.get("HF_ROUND_TRIP") else None,
         )
+        if os.environ.get("HF_SANITY"):
+            sample = Texts(1)[0]
+            model(**{key: value[None] for key, value in sample.items()})
         try:
             trainer.train()
             if os.environ.get("HF_TRAIN_TWICE"):  # a second training: untraced, said once

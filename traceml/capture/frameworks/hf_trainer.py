@@ -96,6 +96,7 @@ class StepEvents:
 
     def __init__(self, capture: Any) -> None:
         self.capture = capture
+        self.began = False  # the Trainer's loop began once: a second begin is a retry
 
     # The guard adds each event's time to its owner's: the capture's, which the session counts
     # (a count of the callback's own would never reach ``traceml_us``).
@@ -113,12 +114,15 @@ class StepEvents:
     @entry_point("hf_trainer.on_train_begin", "the Trainer's on_train_begin event")
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         capture = self.capture
-        if capture.session is not None:  # auto_find_batch_size: the loop starts over
+        # auto_find_batch_size: the loop starts over. (A session open before the first begin
+        # came from a forward before train(), a sanity check: dropped, with no note.)
+        if self.began and capture.session is not None:
             capture.note_once(
                 "hf-retry",
                 "the Trainer started its training loop again (auto_find_batch_size, after an "
                 "out-of-memory error): the open step was dropped; global_step starts over",
             )
+        self.began = True
         capture.abandon_step()
 
     @entry_point("hf_trainer.on_pre_optimizer_step", "the Trainer's on_pre_optimizer_step")

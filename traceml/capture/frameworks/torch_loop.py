@@ -209,7 +209,9 @@ class LoopCapture:
             # The microbatches left without a step: closed where their last phase ended.
             session.epoch_ended(self.steps, self.epoch)
             self.epoch += 1
-        if clock.in_microbatch:
+        if clock.in_microbatch and self.steps == 0 and not self._backward_done:
+            session.abandon_step()  # forwards before the loop (a dry run, a sanity check)
+        elif clock.in_microbatch:
             session.batch_ended(self.steps, self.epoch)  # no optimizer step: accumulation
         fetches.take(pending)
         if pending is not None:
