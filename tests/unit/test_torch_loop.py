@@ -644,3 +644,32 @@ def test_forwards_before_the_loop_are_no_step(capture):
     calls = capture.session.calls
     assert ("abandon_step",) in calls
     assert [c for c in calls if c[0] == "batch_ended"] == [("batch_ended", 1, 0)]
+
+
+def test_a_new_optimizer_for_a_second_stage_takes_over(capture):
+    # Two-stage fine-tuning: a new optimizer over more parameters, the first one kept alive
+    # (its lr scheduler, a variable). Its steps were all "another optimizer's": no step ended
+    # in the second stage (helper review, stop 57).
+    model, first, second = torch.nn.Linear(2, 2), Optimizer(), Optimizer()
+    for _ in range(2):
+        train_microbatch(capture, model)
+        step(capture, first)
+    for _ in range(3):
+        train_microbatch(capture, model)
+        step(capture, second)
+    # The first stage-2 step is taken for another optimizer's (inside the next step).
+    assert capture.steps == 4
+    assert ("note", "another optimizer st") in capture.session.calls
+
+
+def test_alternating_optimizers_never_take_over():
+    from traceml.capture.frameworks.torch_loop_optimizers import OTHER, STEP, StepOptimizer
+
+    judge = StepOptimizer().judge
+    critic, generator = Optimizer(), Optimizer()
+    verdicts = []
+    for _ in range(4):  # a GAN: each step of one optimizer between two of the other's
+        for optimizer in (critic, critic, generator):  # (two critic steps: still the first)
+            judge(optimizer, False)
+            verdicts.append(judge(optimizer, True))
+    assert verdicts == [STEP, STEP, OTHER] * 4

@@ -47,6 +47,7 @@ from traceml.settings import Settings
 from .torch_loop_facts import loop_facts, module_device, rank_info, scripted, trained_by_lightning
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
+from .torch_loop_optimizers import NOTES, OTHER, STEP, StepOptimizer
 
 NOTE_H2D = (
     "any-loop capture: the batch's copy to the device is not timed apart (H2D is null); it is "
@@ -64,7 +65,7 @@ class LoopCapture:
         self.hooks = LoopHooks(self)
         self.own_cost_ns = 0  # time inside this capture's entry points (the guard adds to it)
         self.thread: int | None = None  # the training thread, set by the first training forward
-        self.optimizer_ref: Any = None  # the optimizer whose step ends a step (the first seen)
+        self.step_optimizer = StepOptimizer()  # whose step ends a step
         self.steps = 0
         self.epoch = 0
         self.fetches = Fetches()  # fetches not yet known to feed a training forward
@@ -287,7 +288,7 @@ class LoopCapture:
 
     @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
     def optimizer_ended(self, optimizer: Any) -> None:
-        if not self._is_step_optimizer(optimizer):
+        if not self._is_step_optimizer(optimizer, finished=True):
             return
         if self.steps == 0:
             self.hooks.roots_found()  # no more global forward hooks
@@ -296,7 +297,7 @@ class LoopCapture:
 
     @entry_point("torch_loop.scaler_skipped", "after GradScaler.step skipped optimizer.step")
     def scaler_skipped(self, optimizer: Any) -> None:
-        if not self.step_ends_at_optimizer or not self._is_step_optimizer(optimizer):
+        if not self.step_ends_at_optimizer or not self._is_step_optimizer(optimizer, True):
             return
         self.note_once(
             "scaler",
@@ -318,9 +319,7 @@ class LoopCapture:
         self.steps += 1
         session.batch_ended(self.steps if global_step is None else global_step, self.epoch)
 
-    def _is_step_optimizer(self, optimizer: Any) -> bool:
-        import weakref
-
+    def _is_step_optimizer(self, optimizer: Any, finished: bool = False) -> bool:
         if not self.tracing:
             return False
         if threading.get_ident() != self.thread:
@@ -330,19 +329,10 @@ class LoopCapture:
                 "steps are not delimited (not counted)",
             )
             return False
-        current = self.optimizer_ref() if self.optimizer_ref is not None else None
-        if current is None:
-            self.optimizer_ref = weakref.ref(optimizer)
-            return True
-        if current is optimizer:
-            return True
-        self.note_once(
-            "optimizers",
-            "several optimizers step in this loop: a step ends at the first one's step; the "
-            "others' steps are in Residual or in the gap between steps",
-            level="info",
-        )
-        return False
+        verdict = self.step_optimizer.judge(optimizer, finished)
+        if verdict != STEP:
+            self.note_once(verdict, NOTES[verdict], level="info")
+        return verdict != OTHER
 
     def abandon_step(self) -> None:
         """The open step is not a step (the framework starts its loop over)."""
