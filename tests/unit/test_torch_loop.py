@@ -36,6 +36,10 @@ class FakeSession:
     def epoch_ended(self, step, epoch):
         self.calls.append(("epoch_ended", step, epoch))
 
+    def abandon_step(self):
+        self.calls.append(("abandon_step",))
+        self.clock.in_microbatch = False
+
     def note(self, level, code, message):
         self.calls.append(("note", message[:20]))
 
@@ -673,3 +677,21 @@ def test_alternating_optimizers_never_take_over():
             judge(optimizer, False)
             verdicts.append(judge(optimizer, True))
     assert verdicts == [STEP, STEP, OTHER] * 4
+
+
+def test_a_gan_generators_phase_is_no_microbatch_of_the_next_step(capture):
+    # After the discriminator's step ended the step, the generator's forward and backward on
+    # the same batch (no fetch) opened a microbatch that the next fetch closed as the next
+    # step's first: every step had 2 microbatches and the generator's Forward (review).
+    critic, generator = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+    critic_opt, generator_opt = Optimizer(), Optimizer()
+    for index in range(3):
+        train_microbatch(capture, critic, fetch_ns=(index * 100, index * 100 + 10))
+        step(capture, critic_opt)
+        assert capture.forward_started(generator)  # no fetch: the same batch
+        capture.forward_ended()
+        assert capture.backward_started()
+        capture.backward_ended()
+        step(capture, generator_opt)
+    calls = [c for c in capture.session.calls if c[0] in ("batch_ended", "abandon_step")]
+    assert calls == [c for n in (1, 2, 3) for c in (("batch_ended", n, 0), ("abandon_step",))]

@@ -70,6 +70,7 @@ class LoopCapture:
         self.epoch = 0
         self.fetches = Fetches()  # fetches not yet known to feed a training forward
         self._backward_done = False
+        self._unfed = False  # the open microbatch began with no fetch, after a step had ended
         self._backward_depth = 0
         self._forward_depth = 0
         self._noted: set[str] = set()
@@ -210,6 +211,7 @@ class LoopCapture:
             # The microbatches left without a step: closed where their last phase ended.
             session.epoch_ended(self.steps, self.epoch)
             self.epoch += 1
+        self._unfed = pending is None and not clock.in_microbatch and self.steps > 0
         if clock.in_microbatch and self.steps == 0 and not self._backward_done:
             session.abandon_step()  # forwards before the loop (a dry run, a sanity check)
         elif clock.in_microbatch:
@@ -289,6 +291,11 @@ class LoopCapture:
     @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
     def optimizer_ended(self, optimizer: Any) -> None:
         if not self._is_step_optimizer(optimizer, finished=True):
+            if self._unfed and self.tracing and threading.get_ident() == self.thread:
+                # Only another optimizer's work since the step ended (a GAN's generator, on
+                # the same batch): in the gap, not the next step's first microbatch.
+                self._unfed = False
+                self.session.abandon_step()
             return
         if self.steps == 0:
             self.hooks.roots_found()  # no more global forward hooks
