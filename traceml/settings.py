@@ -235,8 +235,8 @@ def _parse_seconds(name: str, raw: str, default: float) -> float:
         number = float(value)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number of seconds") from None
-    if not number >= 0:
-        raise SettingsError(f"{name}={raw!r} must be zero or more seconds")
+    if not 0 <= number < float("inf"):  # (inf: a rank 0 waiting for a crashed rank forever)
+        raise SettingsError(f"{name}={raw!r} must be a finite number of seconds, zero or more")
     return number
 
 
