@@ -23,10 +23,14 @@ from traceml import schema
 from traceml.errors import LaunchError
 from traceml.launch_child import die_like, run_child
 from traceml.settings import (
+    ENV_HTML,
     ENV_LAUNCHER,
     ENV_LOGS_DIR,
+    ENV_REPORT,
     ENV_REPORT_WAIT_S,
     ENV_RUN_NAME,
+    ENV_THRESHOLD_PREFIX,
+    ENV_TRACE_MAX_STEPS,
     Settings,
     SettingsError,
     is_valid_run_name,
@@ -101,11 +105,17 @@ def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Set
     """The options given, over the user's TRACEML_* variables (read as a direct launch reads
     them), over the defaults: TRACEML_LOGS_DIR=/scratch traceml run ... writes to /scratch."""
     # Variables an option or the launcher replaces are not read: a bad one is no error then.
-    replaced = {ENV_REPORT_WAIT_S, ENV_LAUNCHER}
-    if args.logs_dir is not None:
-        replaced.add(ENV_LOGS_DIR)
-    if args.run_name is not None:
-        replaced.add(ENV_RUN_NAME)
+    given = {
+        ENV_LOGS_DIR: args.logs_dir is not None,
+        ENV_RUN_NAME: args.run_name is not None,
+        ENV_TRACE_MAX_STEPS: args.trace_max_steps is not None,
+        ENV_REPORT: args.no_report,
+        ENV_HTML: args.html,
+    }
+    # (TRACEML_REPORT_WAIT_S: a direct launch's; the launcher reports itself, --report-wait)
+    replaced = {name for name, option in given.items() if option}
+    replaced.update((ENV_LAUNCHER, ENV_REPORT_WAIT_S))
+    replaced.update(ENV_THRESHOLD_PREFIX + name.upper() for name in thresholds)
     environ = {key: value for key, value in os.environ.items() if key not in replaced}
     try:
         env = load_settings(environ, argv=[sys.executable])

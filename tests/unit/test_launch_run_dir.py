@@ -78,6 +78,11 @@ def test_run_reads_the_environment_under_its_options(tmp_path, monkeypatch):
     assert _run_settings(tmp_path, monkeypatch, "--run-name", "ok", **bad_name).run_name == "ok"
     with pytest.raises(LaunchError, match=re.escape("TRACEML_RUN_NAME='../bad' is not")):
         _run_settings(tmp_path, monkeypatch, **bad_name)
+    bad = {"TRACEML_TRACE_MAX_STEPS": "abc", "TRACEML_REPORT": "?", "TRACEML_HTML": "?"}
+    bad["TRACEML_THRESHOLD_MIN_STEPS"] = "x"  # (review: each an error though an option given)
+    options = ["--trace-max-steps", "3", "--no-report", "--html", "--threshold", "min_steps=4"]
+    given = _run_settings(tmp_path, monkeypatch, *options, **bad)
+    assert given.trace_max_steps == 3 and given.thresholds == {"min_steps": 4}
     plain = _run_settings(tmp_path, monkeypatch)
     assert plain.logs_dir == tmp_path.resolve() / "logs" and plain.thresholds == {}
     assert plain.report and not plain.html and not plain.run_name_explicit

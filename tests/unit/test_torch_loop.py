@@ -695,3 +695,42 @@ def test_a_gan_generators_phase_is_no_microbatch_of_the_next_step(capture):
         step(capture, generator_opt)
     calls = [c for c in capture.session.calls if c[0] in ("batch_ended", "abandon_step")]
     assert calls == [c for n in (1, 2, 3) for c in (("batch_ended", n, 0), ("abandon_step",))]
+
+
+def test_an_optimizer_the_step_optimizer_calls_is_no_other_optimizers_step(capture):
+    # Lookahead / ZeroRedundancyOptimizer step a hooked optimizer inside their own step; with
+    # no DataLoader every microbatch began "unfed", and the inner step's post-hook abandoned
+    # the open step: 1 step recorded of 20 (review of the GAN fix).
+    model, outer, inner = torch.nn.Linear(2, 2), Optimizer(), Optimizer()
+    for _ in range(3):
+        train_microbatch_without_fetch(capture, model)
+        capture.optimizer_started(outer)
+        capture.optimizer_started(inner)
+        capture.optimizer_ended(inner)
+        capture.optimizer_ended(outer)
+    assert capture.steps == 3
+    assert ("abandon_step",) not in capture.session.calls
+
+
+def test_a_side_optimizers_closure_step_after_training_is_another_optimizers(capture):
+    # Temperature scaling with L-BFGS after 40 steps turned tracing off ("disabled") for the
+    # run; mid-training, every later step was lost (review).
+    model, optimizer, calibration = torch.nn.Linear(2, 2), Optimizer(), Optimizer()
+    train_microbatch(capture, model)
+    step(capture, optimizer)
+    capture.closure_step(calibration)
+    assert not capture.stood_down and ("note", "several optimizers s") in capture.session.calls
+    capture.closure_step(optimizer)  # the step optimizer's own: its phases cannot be told apart
+    assert capture.stood_down
+
+
+def test_a_generator_stepping_twice_on_one_batch_does_not_take_over():
+    from traceml.capture.frameworks.torch_loop_optimizers import OTHER, STEP, StepOptimizer
+
+    judge = StepOptimizer().judge
+    critic, generator = Optimizer(), Optimizer()
+    verdicts = []
+    for _ in range(3):
+        verdicts.append(judge(critic, True, fed=True))
+        verdicts += [judge(generator, True, fed=False) for _ in range(2)]  # the same batch
+    assert verdicts == [STEP, OTHER, OTHER] * 3

@@ -22,10 +22,11 @@ prepared loaders do); the rank file says so.
 
 The root modules are found cheaply: a global forward pre/post hook (every module call) only
 until the first optimizer step, then hooks on the roots alone (``torch_loop_hooks``). The session
-opens at the first training forward, unless a LightningModule makes it or RF-DETR is loaded
-(Lightning's callback is more precise, and a fit claims the process before its first training
-forward: this capture then stands down). A loop that only imports Lightning (its
-``seed_everything``, Fabric) is traced here.
+opens at the first training forward; not where RF-DETR is loaded (it trains through
+Lightning). Where Lightning is, a training forward may be a probe before a fit, whose claim
+makes this capture stand down (Lightning's callback is more precise): the session opens at the
+first training forward after an optimizer step no fit claimed (a loop that only imports
+Lightning, its ``seed_everything`` or Fabric), its first step unrecorded.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
-from .torch_loop_facts import loop_facts, module_device, rank_info, scripted, trained_by_lightning
+from .torch_loop_facts import lightning_loaded, loop_facts, module_device, rank_info, scripted
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
+from .torch_loop_notes import finish_notes, stepped_before_any_forward
 from .torch_loop_optimizers import NOTES, OTHER, STEP, StepOptimizer
 
 NOTE_H2D = (
@@ -71,6 +73,8 @@ class LoopCapture:
         self.fetches = Fetches()  # fetches not yet known to feed a training forward
         self._backward_done = False
         self._unfed = False  # the open microbatch began with no fetch, after a step had ended
+        self._in_step = False  # inside the step optimizer's step (its pre-hook, not yet post)
+        self._deferred = self._proven = False  # Lightning loaded: a loop, once it stepped
         self._backward_depth = 0
         self._forward_depth = 0
         self._noted: set[str] = set()
@@ -130,8 +134,11 @@ class LoopCapture:
             )
             self.stand_down()
             return False
-        if trained_by_lightning(module):
-            self.stand_down()  # a Lightning fit will claim it (more precise hooks)
+        if "rfdetr" in sys.modules:
+            self.stand_down()  # RF-DETR trains through Lightning, which claims the process
+            return False
+        if lightning_loaded() and not self._proven:
+            self._deferred = True  # a probe before a fit, or a loop: its optimizer step says
             return False
         if not claim.claim(self):
             self.stand_down()
@@ -254,31 +261,25 @@ class LoopCapture:
     @entry_point("torch_loop.optimizer_pre_hook", "torch.optim's global step pre-hook")
     def optimizer_started(self, optimizer: Any) -> None:
         if self.session is None:
-            self._stepped_before_any_forward()
+            if self._deferred:  # no fit claimed the process: a hand-written loop
+                self._proven = True
+            else:
+                stepped_before_any_forward(self)
             return
         if not self._is_step_optimizer(optimizer):
             return
+        self._in_step = True
         self.session.optimizer_started()
 
-    def _stepped_before_any_forward(self) -> None:
-        """No training forward opened the session, and an optimizer steps: nothing will (a
-        module compiled in place runs its hooks inside the compiled graph, where the compiler
-        leaves them out). Named once, and the hooks go: no cost for a loop not traced."""
-        if "rfdetr" in sys.modules:
-            return  # RF-DETR trains through Lightning, which claims the process its own way
-        from traceml import console
-
-        console.warn(
-            "not tracing: an optimizer stepped before any training forward was seen (a module "
-            "call in train mode with gradients on); a model compiled in place "
-            "(model.compile()) or trained in eval mode is not traced; training runs natively"
-        )
-        self.stand_down()
-
     @entry_point("torch_loop.closure_step", "torch.optim's step pre-hook, given a closure")
-    def closure_step(self) -> None:
+    def closure_step(self, optimizer: Any) -> None:
         """``optimizer.step(closure)`` (L-BFGS) runs forwards and backwards inside the step:
-        its phases cannot be told apart, so the loop is named and left untraced."""
+        its phases cannot be told apart, so the loop is named and left untraced. A side
+        optimizer's, once steps end at another's (a calibration after training), is another
+        optimizer's step (review)."""
+        if self.steps and not self.step_optimizer.is_current(optimizer):
+            self.note_once(OTHER, NOTES[OTHER], level="info")
+            return
         reason = "optimizer.step(closure) runs forward and backward inside the step (L-BFGS)"
         if self.session is not None:
             self.session.disable(reason)
@@ -291,12 +292,14 @@ class LoopCapture:
     @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
     def optimizer_ended(self, optimizer: Any) -> None:
         if not self._is_step_optimizer(optimizer, finished=True):
-            if self._unfed and self.tracing and threading.get_ident() == self.thread:
+            if self._unfed and not self._in_step and self.tracing:
                 # Only another optimizer's work since the step ended (a GAN's generator, on
-                # the same batch): in the gap, not the next step's first microbatch.
+                # the same batch): in the gap, not the next step's first microbatch. (Not an
+                # optimizer that the step optimizer's step calls: Lookahead, ZeRO's.)
                 self._unfed = False
                 self.session.abandon_step()
             return
+        self._in_step = False
         if self.steps == 0:
             self.hooks.roots_found()  # no more global forward hooks
         if self.step_ends_at_optimizer:
@@ -336,7 +339,7 @@ class LoopCapture:
                 "steps are not delimited (not counted)",
             )
             return False
-        verdict = self.step_optimizer.judge(optimizer, finished)
+        verdict = self.step_optimizer.judge(optimizer, finished, fed=not self._unfed)
         if verdict != STEP:
             self.note_once(verdict, NOTES[verdict], level="info")
         return verdict != OTHER
@@ -353,24 +356,8 @@ class LoopCapture:
 
     def finish_notes(self) -> None:
         """Honest limits, said once in the rank file before its footer."""
-        if self.session is None:
-            return
-        if self.steps and not self.fetches.train_iterators:
-            # Said at the end: a first step whose fetch went to an evaluation (a validation
-            # run before the first training forward) is no proof that there is no loader.
-            self.note_once(
-                "no-loader",
-                "training batches do not come from a torch DataLoader: Input Wait is not "
-                "measured (null)",
-                level="info",
-            )
-        if self.steps == 0:
-            self.note_once(
-                "no-step",
-                "training forwards ran but no torch.optim optimizer step was seen (no optimizer, "
-                "an optimizer outside torch.optim, or a step compiled into one graph): steps "
-                "could not be delimited, so none are reported",
-            )
+        if self.session is not None:
+            finish_notes(self)
 
 
 _capture: LoopCapture | None = None

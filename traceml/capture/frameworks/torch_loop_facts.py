@@ -16,20 +16,10 @@ def scripted(module: Any) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
-# Trained through a Lightning callback: a LightningModule's, and RF-DETR's (it builds a
-# pytorch_lightning Trainer).
-_LIGHTNING_MODULES = ("lightning.pytorch.", "pytorch_lightning.")
-
-
-def trained_by_lightning(module: Any) -> bool:
-    """A LightningModule's forward (a sanity forward before a fit, or a fit whose claim did
-    not come first), or RF-DETR's model, whose training Lightning runs."""
-    if "rfdetr" in sys.modules:
-        return True
-    return any(
-        klass.__name__ == "LightningModule" and klass.__module__.startswith(_LIGHTNING_MODULES)
-        for klass in type(module).__mro__
-    )
+def lightning_loaded() -> bool:
+    """A Lightning Trainer may train here: its fit claims the process before its first
+    training forward, and traces it through Lightning's hooks (more precise)."""
+    return "lightning.pytorch" in sys.modules or "pytorch_lightning" in sys.modules
 
 
 def module_device(module: Any) -> Any:

@@ -54,6 +54,7 @@ class LoopHooks:
         self._outer_timed = False
         self._forward_handles: list[Any] = []
         self._inert = False  # the global hooks left registered, doing nothing (see remove)
+        self.maybe_compiled_in_place = False  # no training forward seen (model.compile())
         self._undo: list[Any] = []
 
     def install(self) -> None:
@@ -146,7 +147,7 @@ class LoopHooks:
         # (``args`` starts with the optimizer itself; Accelerate's wrapper passes closure=None
         # positionally: only a closure counts)
         if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
-            self.capture.closure_step()
+            self.capture.closure_step(optimizer)
         else:
             self.capture.optimizer_started(optimizer)
 
@@ -246,9 +247,14 @@ class LoopHooks:
         its graphs are guarded on the number of global hooks, so taking them away would make
         it compile the model again (a recompile of seconds to minutes, in the user's next
         step; helper review, stop 57)."""
-        if any(type(root).__name__ == "OptimizedModule" for root in self.roots):
-            return True  # torch.compile(model): the wrapper is the root
-        dynamo = sys.modules.get("torch._dynamo")  # (model.compile(): no root is seen)
+        for root in self.roots:  # torch.compile(model): the wrapper is the root
+            if type(root).__name__ == "OptimizedModule" or getattr(
+                root, "_compiled_call_impl", None
+            ):
+                return True
+        if not self.maybe_compiled_in_place:  # (a compiled loss, helper: not the hooks' case)
+            return False
+        dynamo = sys.modules.get("torch._dynamo")  # model.compile(): no root is seen
         try:
             return bool(dynamo is not None and dynamo.utils.counters["stats"]["unique_graphs"])
         except Exception:

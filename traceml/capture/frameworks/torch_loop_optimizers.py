@@ -27,9 +27,14 @@ class StepOptimizer:
         self._current: Any = None  # weak reference to the optimizer whose step ends a step
         self._rival: Any = None  # another one whose last finished step came after the current's
 
-    def judge(self, optimizer: Any, finished: bool) -> str:
+    def is_current(self, optimizer: Any) -> bool:
+        return self._current is not None and self._current() is optimizer
+
+    def judge(self, optimizer: Any, finished: bool, fed: bool = True) -> str:
         """STEP, OTHER or CHANGED (it took over) for ``optimizer``'s step; ``finished``: its
-        step is over (the post-hook), which is what makes it a rival."""
+        step is over (the post-hook), which, after a fetch (``fed``: a second stage trains on
+        new batches; a GAN's generator stepping twice on one batch does not), makes it a
+        rival."""
         current = self._current() if self._current is not None else None
         if current is None or current is optimizer:
             if current is None:
@@ -42,5 +47,5 @@ class StepOptimizer:
             self._current, self._rival = weakref.ref(optimizer), None
             return CHANGED
         if finished:
-            self._rival = weakref.ref(optimizer)
+            self._rival = weakref.ref(optimizer) if fed else None
         return OTHER

@@ -1,0 +1,44 @@
+"""What the any-loop capture says about a loop it cannot trace, or traces with limits: once,
+on stderr for a loop left untraced, in the rank file for a traced one."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def stepped_before_any_forward(capture: Any) -> None:
+    """No training forward opened the session, and an optimizer steps: nothing will (a
+    module compiled in place runs its hooks inside the compiled graph, where the compiler
+    leaves them out). Named once, and the hooks go: no cost for a loop not traced."""
+    if "rfdetr" in sys.modules:
+        return  # RF-DETR trains through Lightning, which claims the process its own way
+    from traceml import console
+
+    console.warn(
+        "not tracing: an optimizer stepped before any training forward was seen (a module "
+        "call in train mode with gradients on); a model compiled in place "
+        "(model.compile()) or trained in eval mode is not traced; training runs natively"
+    )
+    capture.hooks.maybe_compiled_in_place = True
+    capture.stand_down()
+
+
+def finish_notes(capture: Any) -> None:
+    """Honest limits of a traced loop, in its rank file before the footer."""
+    if capture.steps and not capture.fetches.train_iterators:
+        # Said at the end: a first step whose fetch went to an evaluation (a validation run
+        # before the first training forward) is no proof that there is no loader.
+        capture.note_once(
+            "no-loader",
+            "training batches do not come from a torch DataLoader: Input Wait is not "
+            "measured (null)",
+            level="info",
+        )
+    if capture.steps == 0:
+        capture.note_once(
+            "no-step",
+            "training forwards ran but no torch.optim optimizer step was seen (no optimizer, "
+            "an optimizer outside torch.optim, or a step compiled into one graph): steps "
+            "could not be delimited, so none are reported",
+        )
