@@ -1,8 +1,10 @@
 """``traceml run``: run the user's script traced, as ``python`` or ``torchrun`` would, then report.
 
-The child runs in its own process group, with the terminal's foreground when the launcher has
-it: Ctrl-C, Ctrl-Z, ``input()`` and ``pdb`` work as with plain ``python``, and the exit status
-is the script's (its code, or death by the signal that killed it): ``traceml.launch_child``.
+The child runs in its own process group when the launcher is a shell's job, with the
+terminal's foreground when the launcher has it (else in the launcher's group, so that a
+caller's loop stops on Ctrl-C): Ctrl-C, Ctrl-Z, ``input()`` and ``pdb`` work as with plain
+``python``, and the exit status is the script's (its code, or death by the signal that killed
+it): ``traceml.launch_child``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,48 @@
-"""``traceml run``'s child process: its own process group, the terminal, signals, job control.
+"""``traceml run``'s child process: its process group, the terminal, signals, job control.
 
-The script runs in a process group of its own, so that each signal reaches it exactly once:
-the terminal's Ctrl-C and Ctrl-\\ reach its whole group directly (it has the terminal's
+Started by an interactive shell (the launcher leads its own process group: the shell made it a
+job), the script runs in a process group of its own, so that each signal reaches it exactly
+once: the terminal's Ctrl-C and Ctrl-\\ reach its whole group directly (it has the terminal's
 foreground, as a shell's job would), and every catchable signal sent to the launcher is passed
 on to the script's process, as ``kill <pid>`` would reach it untraced (torchrun's agent passes
-it on to its workers; DataLoader workers end with their parent). The launcher then behaves,
-to whoever started it, as the script would have:
+it on to its workers; DataLoader workers end with their parent).
+
+Started by anything else (a shell script's loop, make, a Python sweep: the launcher is a member
+of its caller's group), the script stays in the launcher's group, as ``python script.py`` would
+be in its caller's: the terminal's Ctrl-C then reaches the script, the launcher and the caller
+alike, and the caller stops its loop as it would untraced. The launcher does not pass on a
+Ctrl-C or Ctrl-\\ that the terminal sent to the group it shares with the script (the script
+had it already); every other signal it is sent, it passes on.
+
+Either way the launcher then behaves, to whoever started it, as the script would have:
 
 * the exit status is the script's: its exit code, or death by the signal that killed it (the
-  launcher ends itself with that signal once the report is written);
+  launcher ends itself with that signal once the report is written, without a core dump of
+  its own over the script's);
 * when the script's group stops (Ctrl-Z, or reading the terminal from the background), the
   launcher stops too, so the shell sees its job stopped; continued (``fg``, ``bg``), it gives
   the terminal back to the script's group if the shell gave it the foreground, and continues
-  the script;
+  the script (in a shared group the terminal stops and continues them all directly);
+* a signal the caller ignores (``nohup``'s SIGHUP, SIGINT for a non-interactive shell's ``&``
+  job) stays ignored: the launcher neither catches nor passes it on, and the script inherits
+  it ignored;
 * nothing is killed on the script's behalf: no timer escalates a forwarded signal, and what
-  the script leaves running when it exits (an uploader it started on purpose) lives on.
+  the script leaves running when it exits (an uploader it started on purpose) lives on. Only
+  the launcher's own death while the script runs (SIGKILL leaves it no time to pass anything
+  on) kills the script (Linux: ``PR_SET_PDEATHSIG``), as ``kill -9`` of the untraced script
+  would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import resource
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 # Passed on to the script's group when the launcher receives them (a scheduler's SIGTERM or
@@ -37,34 +56,98 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+# What the terminal's keys send to its foreground group (Ctrl-C, Ctrl-\): in a group the
+# launcher shares with the script, the script has it already.
+KEYBOARD = (signal.SIGINT, signal.SIGQUIT)
+# <linux/prctl.h>: the signal a process gets when the thread that created it dies.
+PR_SET_PDEATHSIG = 1
 
 
 def run_child(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
-    """Run ``command`` in its own process group until it ends; returns its return code
-    (``-N``: killed by signal N) and the first signal the launcher passed on (or None)."""
+    """Run ``command`` until it ends, in a process group of its own when the launcher is a
+    shell's job (else in the launcher's); returns its return code (``-N``: killed by signal N)
+    and the first signal the launcher received (or None)."""
     received: list[int] = []
-    if sys.version_info >= (3, 11):
-        child = subprocess.Popen(command, env=env, process_group=0)
-    else:  # pragma: no cover - Python 3.10
-        child = subprocess.Popen(command, env=env, preexec_fn=os.setpgrp)
+    own_group = os.getpgrp() == os.getpid()
+    # A caught signal is reset to its default across exec, an ignored one stays ignored: the
+    # launcher leaves the caller's ignored signals alone, for the script to inherit them.
+    forwarded = [sig for sig in FORWARDED if signal.getsignal(sig) != signal.SIG_IGN]
+    child = _start(command, env, own_group)
     tty = _terminal()
-    if tty is not None and _in_foreground(tty):
-        _give_terminal(tty, child.pid)
+    job_tty = tty if own_group else None  # job control is the launcher's to do
+    if job_tty is not None and _in_foreground(job_tty):
+        _give_terminal(job_tty, child.pid)
 
     def forward(signum: int, _frame: Any) -> None:
         received.append(signum)
+        if not own_group and signum in KEYBOARD and tty is not None and _in_foreground(tty):
+            return  # the terminal sent it to the group the script shares: it has it already
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(child.pid, signum)  # as `kill <pid>` would reach the script alone
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
-        returncode = _wait(child, tty)
+        returncode = _wait(child, job_tty)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if tty is not None and _owned_by(tty, child.pid):
-            _give_terminal(tty, os.getpgrp())
+        if job_tty is not None and _owned_by(job_tty, child.pid):
+            _give_terminal(job_tty, os.getpgrp())
     return returncode, (received[0] if received else None)
+
+
+def _start(command: list[str], env: dict[str, str], own_group: bool) -> subprocess.Popen:
+    """Start ``command``, in a new process group when ``own_group``, set to die with the
+    launcher where the system allows it."""
+    before_exec: list[Callable[[], None]] = []
+    options: dict[str, Any] = {}
+    if own_group and sys.version_info >= (3, 11):
+        options["process_group"] = 0
+    elif own_group:  # pragma: no cover - Python 3.10
+        before_exec.append(os.setpgrp)
+    dies_with_launcher = _death_signal_setter()
+    if dies_with_launcher is not None:
+        before_exec.append(dies_with_launcher)
+    if before_exec:
+
+        def in_the_child() -> None:
+            for step in before_exec:
+                step()
+
+        options["preexec_fn"] = in_the_child
+    return subprocess.Popen(command, env=env, **options)
+
+
+def _death_signal_setter() -> Callable[[], None] | None:
+    """On Linux, a function for the child to run between fork and exec so that the launcher's
+    death by SIGKILL (it can pass nothing on then) kills the script too, where it would
+    otherwise train on, orphaned; None elsewhere or where libc's ``prctl`` is not found.
+
+    A ``preexec_fn`` may deadlock in a process with threads (the live view's runs already)
+    when it needs a lock another thread held at the fork. This one needs none: ``prctl`` is
+    looked up here, before the fork (``dlsym`` takes the loader's lock); in the child it makes
+    system calls only (prctl, getppid, at most a kill), and CPython re-creates its own locks
+    (GIL, imports) in the child before it runs a ``preexec_fn``. Starting the child before
+    the live view would need launch.py's order changed, for no lock fewer."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    launcher = os.getpid()
+    kill = int(signal.SIGKILL)
+
+    def set_death_signal() -> None:
+        try:
+            if prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0) == 0 and os.getppid() != launcher:
+                os.kill(os.getpid(), kill)  # the launcher died before prctl: too late to wait
+        except Exception:  # the script starts regardless, as it did without this
+            pass
+
+    return set_death_signal
 
 
 def _wait(child: subprocess.Popen, tty: int | None) -> int:
@@ -112,6 +195,10 @@ def die_like(returncode: int) -> None:
         sys.stderr.flush()
     with contextlib.suppress(OSError, ValueError):
         signal.signal(signum, signal.SIG_DFL)
+        # A core-dumping signal (SIGSEGV, SIGABRT, SIGQUIT) would dump the launcher's core,
+        # over the script's where both write ./core: the script's is the one to keep.
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.kill(os.getpid(), signum)
 
 
