@@ -103,6 +103,13 @@ def test_without_an_end_time_between_steps_says_what_it_covers(tmp_path):
     assert "the time after the last step is unknown" in line
 
 
+def test_time_after_the_last_step_is_shown_when_no_gap_between_steps_was_measured(tmp_path):
+    summary, _text = _run_with_a_tail(tmp_path, tail_s=5.0)
+    summary["overall"][schema.BETWEEN_STEPS_MS] = None  # (no gap measured: null, review)
+    line = " ".join(render_text(summary).split())
+    assert "Outside steps: 5.00 s after the last step (validation, checkpoints); the time" in line
+
+
 def test_means_add_up_and_medians_need_not(tmp_path):
     _summary, text = _run_with_a_tail(tmp_path, tail_s=1.0)
     assert "The phase means add up to the step mean; medians and p90s are of each phase" in (

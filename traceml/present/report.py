@@ -305,9 +305,14 @@ def _between_steps_lines(overall: dict[str, Any]) -> list[str]:
     between = overall.get(schema.BETWEEN_STEPS_MS)
     wall = overall.get(schema.WALL_MS)
     after = overall.get(schema.AFTER_LAST_STEP_MS)
-    if between is None or not wall:
+    if not wall or between is after is None:
         return []
-    if after is None:
+    if between is None:  # several steps, no gap between them measured
+        text = (
+            f"Outside steps: {after / 1000:.2f} s after the last step (validation, checkpoints);"
+            " the time between steps was not measured"
+        )
+    elif after is None:
         text = (
             f"Between steps (validation, checkpoints, epoch ends): {between / 1000:.2f} s of "
             f"{wall / 1000:.2f} s from the first step's start to the last step's end "
