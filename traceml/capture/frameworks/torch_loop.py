@@ -48,7 +48,7 @@ from traceml.settings import Settings
 from .torch_loop_facts import lightning_loaded, loop_facts, module_device, rank_info, scripted
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
-from .torch_loop_notes import finish_notes, stepped_before_any_forward
+from .torch_loop_notes import finish_notes, refuse, stepped_before_any_forward
 from .torch_loop_optimizers import NOTES, OTHER, STEP, StepOptimizer
 
 NOTE_H2D = (
@@ -283,11 +283,9 @@ class LoopCapture:
         reason = "optimizer.step(closure) runs forward and backward inside the step (L-BFGS)"
         if self.session is not None:
             self.session.disable(reason)
+            self.stand_down()
         else:
-            from traceml import console
-
-            console.warn(f"not tracing: {reason}; training runs natively")
-        self.stand_down()
+            refuse(self, reason)
 
     @entry_point("torch_loop.optimizer_hook", "torch.optim's global step post-hook")
     def optimizer_ended(self, optimizer: Any) -> None:

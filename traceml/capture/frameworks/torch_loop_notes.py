@@ -13,14 +13,24 @@ def stepped_before_any_forward(capture: Any) -> None:
     leaves them out). Named once, and the hooks go: no cost for a loop not traced."""
     if "rfdetr" in sys.modules:
         return  # RF-DETR trains through Lightning, which claims the process its own way
-    from traceml import console
-
-    console.warn(
-        "not tracing: an optimizer stepped before any training forward was seen (a module "
-        "call in train mode with gradients on); a model compiled in place "
-        "(model.compile()) or trained in eval mode is not traced; training runs natively"
-    )
     capture.hooks.maybe_compiled_in_place = True
+    refuse(
+        capture,
+        "an optimizer stepped before any training forward was seen (a module call in train "
+        "mode with gradients on); a model compiled in place (model.compile()) or trained in "
+        "eval mode is not traced",
+    )
+
+
+def refuse(capture: Any, why: str) -> None:
+    """A loop that no session traces and traceml cannot trace: said once, its hooks gone.
+    Silently where tracing was turned off meanwhile (a door of Lightning's that failed said
+    so already; the fit it left untraced steps through a closure)."""
+    from traceml import console
+    from traceml.capture import bootstrap
+
+    if bootstrap.active_settings() is not None:
+        console.warn(f"not tracing: {why}; training runs natively")
     capture.stand_down()
 
 
