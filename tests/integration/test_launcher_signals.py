@@ -275,6 +275,19 @@ def test_the_script_dies_with_a_launcher_killed_by_sigkill(tmp_path):
     assert not orphaned
 
 
+def _started_after(before_exec, command: list[str], cwd, stdout) -> subprocess.Popen:
+    """``command`` started with ``before_exec()`` run in its process (a limit, a disposition
+    the launcher then inherits as from its caller)."""
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=clean_env(),
+        stdout=stdout,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=before_exec,
+    )
+
+
 def _allow_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
@@ -282,14 +295,7 @@ def _allow_core_dumps() -> None:
 def _core_dumped(command: list[str], cwd) -> tuple[int, bool]:
     """The signal that killed ``command``, run with core dumps allowed, and whether it dumped
     its core."""
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=clean_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_allow_core_dumps,
-    )
+    process = _started_after(_allow_core_dumps, command, cwd, subprocess.DEVNULL)
     _pid, status = os.waitpid(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     for core in cwd.glob("core*"):
@@ -318,14 +324,7 @@ def _ignoring(sig: signal.Signals):
 
 
 def _sent_while_ignored(command: list[str], cwd, sig: signal.Signals) -> tuple[int, str]:
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_ignoring(sig),
-    )
+    process = _started_after(_ignoring(sig), command, cwd, subprocess.PIPE)
     assert process.stdout.readline().strip() == b"ready"
     process.send_signal(sig)
     out, _err = process.communicate(timeout=60)

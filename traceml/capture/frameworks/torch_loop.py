@@ -32,7 +32,6 @@ Lightning, its ``seed_everything`` or Fabric), its first step unrecorded.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from typing import Any
 
@@ -45,7 +44,14 @@ from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
-from .torch_loop_facts import lightning_loaded, loop_facts, module_device, rank_info, scripted
+from .torch_loop_facts import (
+    lightning_loaded,
+    loop_facts,
+    module_device,
+    rank_info,
+    rfdetr_loaded,
+    scripted,
+)
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
 from .torch_loop_notes import finish_notes, refuse, stepped_before_any_forward
@@ -134,7 +140,7 @@ class LoopCapture:
             )
             self.stand_down()
             return False
-        if "rfdetr" in sys.modules:
+        if rfdetr_loaded():
             self.stand_down()  # RF-DETR trains through Lightning, which claims the process
             return False
         if lightning_loaded() and not self._proven:

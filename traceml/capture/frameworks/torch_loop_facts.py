@@ -16,6 +16,11 @@ def scripted(module: Any) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
+def rfdetr_loaded() -> bool:
+    """RF-DETR trains through Lightning, whose fit claims the process its own way."""
+    return "rfdetr" in sys.modules
+
+
 def lightning_loaded() -> bool:
     """A Lightning Trainer may train here: its fit claims the process before its first
     training forward, and traces it through Lightning's hooks (more precise)."""

@@ -3,15 +3,16 @@ on stderr for a loop left untraced, in the rank file for a traced one."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
+
+from .torch_loop_facts import rfdetr_loaded
 
 
 def stepped_before_any_forward(capture: Any) -> None:
     """No training forward opened the session, and an optimizer steps: nothing will (a
     module compiled in place runs its hooks inside the compiled graph, where the compiler
     leaves them out). Named once, and the hooks go: no cost for a loop not traced."""
-    if "rfdetr" in sys.modules:
+    if rfdetr_loaded():
         return  # RF-DETR trains through Lightning, which claims the process its own way
     capture.hooks.maybe_compiled_in_place = True
     refuse(
