@@ -203,3 +203,27 @@ def test_the_span_of_out_of_order_records_is_earliest_to_latest(tmp_path):
 def test_a_note_repeated_by_one_rank_is_not_every_ranks():
     assert dedupe_rank_notes(["rank 0: X"] * 3, 3) == ["rank 0: X"] * 3
     assert dedupe_rank_notes(["rank 0: X", "rank 1: X", "rank 2: X"], 3) == ["all 3 ranks: X"]
+
+
+def test_a_steps_unmeasured_input_wait_leaves_its_device_own_time_unknown(tmp_path):
+    def cuda(rank, index, record):
+        record.update(
+            {
+                schema.GPU_FORWARD: 20.0,
+                schema.GPU_BACKWARD: 75.0,
+                schema.GPU_STEP: 100.0,
+                schema.GPU_COMM: 0.0,
+                **{schema.GPU_COMM_OF_PHASE[p]: 0.0 for p in schema.GPU_COMM_OF_PHASE},
+            }
+        )
+        if (rank == 0 and index % 2) or rank == 1:
+            record[schema.INPUT_WAIT] = None  # rank 0: some fetches unseen; rank 1: none seen
+
+    summary, _ = _ranks(tmp_path, 2, damage=cuda, input=50.0, forward=20.0, backward=75.0)
+    own = {
+        entry["rank"]: entry[schema.PHASE_STATS][schema.GPU_OWN_MS]
+        for entry in summary[schema.SUMMARY_RANKS]
+    }
+    assert own[0]["min"] == 150.0  # device time plus a measured wait only: no step at 100
+    assert own[0]["count"] == 14
+    assert own[1]["max"] == 100.0  # batches from a list: the device time alone

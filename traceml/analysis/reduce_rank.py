@@ -70,8 +70,12 @@ def _derive_own(columns: dict[str, list[Any]]) -> None:
 def _derive_gpu_own(columns: dict[str, list[Any]]) -> None:
     device_own = _minus(columns[schema.GPU_STEP], columns[schema.GPU_COMM])
     inputs = columns[schema.INPUT_WAIT]
+    if all(wait is None for wait in inputs):
+        inputs = [0.0] * len(inputs)  # no fetch seen at all (batches from a list): device only
+    # Device time plus Input Wait: a step whose wait went unmeasured has no known sum (a rank
+    # with unseen fetches would look faster than the others).
     columns[schema.GPU_OWN_MS] = [
-        None if own is None else own + (wait or 0.0)
+        None if own is None or wait is None else own + wait
         for own, wait in zip(device_own, inputs, strict=True)
     ]
     named = [0.0] * len(device_own)
