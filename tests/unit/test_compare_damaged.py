@@ -111,3 +111,12 @@ def test_every_field_of_a_summary_may_be_damaged(tmp_path, monkeypatch):
                     compare_command_module.compare_command(args)
                 except UserError:
                     pass  # one line and exit 2 in cli.main; anything else is exit 70
+
+
+def test_the_same_run_on_both_sides_is_named(tmp_path):
+    from traceml.analysis.compare import compare
+
+    a, b = _summary(tmp_path, "a"), _summary(tmp_path, "b", slow=1.0)
+    same = [n for n in compare(a, dict(a))["notes"] if n.startswith("the same run")]
+    assert same and "compare the run before your change" in same[0]
+    assert not [n for n in compare(a, b)["notes"] if n.startswith("the same run")]

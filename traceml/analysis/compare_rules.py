@@ -127,7 +127,30 @@ def comparison_notes(
             "it recorded; its own report says what happened"
         )
     notes.extend(own_cost_notes(side_a, side_b))
+    notes.extend(_same_run_notes(side_a, side_b))
     return notes
+
+
+def _same_run_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -> list[str]:
+    """A run given on both sides (the same file twice, or a copy of it): no change by
+    construction, which a user comparing before with after did not mean to ask."""
+
+    def identity(summary: dict[str, Any]) -> tuple[Any, ...]:
+        return (
+            summary.get(schema.RUN),
+            summary.get(schema.SUMMARY_RUN_DIR),
+            repr(summary.get(schema.SUMMARY_OVERALL)),
+        )
+
+    in_a = {identity(s): s for s in side_a}
+    both = [s for s in side_b if identity(s) in in_a]
+    if not both:
+        return []
+    names = [str(s.get(schema.RUN) or s.get("_path") or RUN_UNNAMED) for s in both]
+    return [
+        f"the same run on both sides ({listing(names)}): it cannot show a change; "
+        "compare the run before your change with one after it"
+    ]
 
 
 def _no_change_verdict(
