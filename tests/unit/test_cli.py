@@ -138,3 +138,34 @@ def test_ctrl_c_in_report_or_compare_is_one_line_exit_130(command, target, monke
         pytest.fail("Ctrl-C escaped traceml.cli.main: a traceback")
     assert code == 130
     assert capsys.readouterr().err == f"traceml: {command} interrupted\n"
+
+
+def test_ctrl_c_in_report_jobs_leaves_no_worker_traceback(tmp_path):
+    # The terminal's SIGINT reaches the pool's workers too: an idle one printed a
+    # KeyboardInterrupt traceback under the one line. Rank 0 keeps the parent reducing while
+    # the workers that reduced the two small ranks wait for more work.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from rankfiles import write_run
+
+    step = dict(forward=30, backward=60, input=4)
+    write_run(tmp_path / "run", [[step] * 60000, [step] * 10, [step] * 10])
+    command = [sys.executable, "-m", "traceml", "report", str(tmp_path / "run"), "--jobs", "2"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(process.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # the small ranks reduced: one worker waits for a task
+    assert process.poll() is None, "the report ended before the interrupt: make rank 0 larger"
+    os.killpg(process.pid, signal.SIGINT)
+    _out, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err.decode() == "traceml: report interrupted\n"

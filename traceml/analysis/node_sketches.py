@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceml.analysis import stats
+from traceml.analysis import stats, workers
 
 COMPRESS_AT = 4 * stats.SKETCH_POINTS
 # Below this many sketch points in all, a run's quantiles are taken in this process (a pool
@@ -97,11 +97,13 @@ def all_field_quantiles(
     names = list(wanted)
     if jobs <= 1 or len(names) <= 1 or points < PARALLEL_POINTS:
         return {name: field_quantiles(groups[name], wanted[name]) for name in names}
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
-        found = pool.map(field_quantiles, [groups[n] for n in names], [wanted[n] for n in names])
-        return dict(zip(names, found, strict=True))
+    found = workers.pool_map(
+        min(jobs, len(names)),
+        field_quantiles,
+        [groups[n] for n in names],
+        [wanted[n] for n in names],
+    )
+    return dict(zip(names, found, strict=True))
 
 
 def exactness(approximate: bool) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from traceml import schema
-from traceml.analysis import job_series, resources, stats
+from traceml.analysis import job_series, resources, stats, workers
 from traceml.analysis.clean import clean_records
 from traceml.analysis.notes import rank_notes
 from traceml.analysis.rankfile import RankRecords, read_rank_file
@@ -326,10 +326,11 @@ def summarise_ranks(files: dict[int, Path], warmup: int, jobs: int) -> Iterator[
         for rank, path in files.items():
             yield summarise_rank(path, rank, warmup)
         return
-    from concurrent.futures import ProcessPoolExecutor
-
     # Each worker holds one rank's steps at a time: memory grows with jobs, not with ranks.
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files))) as pool:
-        yield from pool.map(
-            summarise_rank, list(files.values()), list(files), [warmup] * len(files)
-        )
+    yield from workers.pool_map(
+        min(jobs, len(files)),
+        summarise_rank,
+        list(files.values()),
+        list(files),
+        [warmup] * len(files),
+    )
