@@ -252,6 +252,45 @@ def test_ranks_started_by_torch_multiprocessing_spawn_are_named_untraced(tmp_pat
     assert len(warnings) == 1 and "torch.multiprocessing.spawn" in warnings[0], warnings
 
 
+NOTEBOOK = """
+import torch
+from accelerate import Accelerator, notebook_launcher
+
+
+def train():
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for x, y in loader:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    print("RANK", accelerator.process_index, "DONE", flush=True)
+
+
+if __name__ == "__main__":
+    notebook_launcher(train, num_processes=2)
+"""
+
+
+def test_ranks_forked_by_accelerates_notebook_launcher_are_named_untraced(tmp_path):
+    # A notebook's multi-process launch: the ranks are forked children, which traceml reads as
+    # DataLoader workers and leaves untraced. Nothing said so.
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK)
+    plain = run([PYTHON, script], clean_env(), tmp_path)
+    traced = run([PYTHON, script], traced_env(tmp_path / "logs", "notebook"), tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
+    ranks = sorted(line for line in traced.stdout.splitlines() if line.startswith("RANK"))
+    assert ranks == ["RANK 0 DONE", "RANK 1 DONE"], traced.stdout
+    warnings = warning_lines(traced.stderr)
+    assert len(warnings) == 1 and "notebook_launcher" in warnings[0], warnings
+
+
 COMPILED = """
 import os
 import torch

@@ -31,6 +31,7 @@ INTEGRATION_HOOKS: dict[str, str] = {
     "lightning.pytorch": "traceml.capture.frameworks.lightning_attach:on_import",
     "torch": "traceml.capture.frameworks.torch_loop:on_import",
     "transformers.trainer": "traceml.capture.frameworks.hf_trainer:on_import",
+    "accelerate.launchers": "traceml.capture.frameworks.torch_spawn:on_accelerate_launchers",
 }
 
 ROLE_WORKER = "worker"
