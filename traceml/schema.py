@@ -177,6 +177,9 @@ EVENT_MAX_STEPS = "trace_max_steps_reached"
 EVENT_VERSION = "untested_version"
 EVENT_NOTE = "note"
 EVENT_BUCKET_TIMING_OFF = "bucket_timing_off"
+# The header's integration, corrected before any step (a forward before the HF Trainer's
+# train() opened the run as a hand-written loop); the reader applies it to the header.
+EVENT_INTEGRATION = "integration"
 
 
 def schema_major(schema: object, family: str) -> int | None:

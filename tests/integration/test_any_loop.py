@@ -16,6 +16,7 @@ import statistics
 import pytest
 
 from traceml import schema
+from traceml.analysis.reduce import reduce_run
 
 from procs import (
     PYTHON,
@@ -411,6 +412,9 @@ def test_a_forward_before_train_is_no_step_and_no_retry(tmp_path):
     steps = steps_of(records)
     assert [s[schema.GLOBAL_STEP] for s in steps] == [1, 2, 3] and records[-1]["steps"] == 3
     assert not any("started its training loop again" in r.get("message", "") for r in records)
+    # ... and the run read as a hand-written loop's (integration "torch" in the header).
+    summary = reduce_run(tmp_path / "logs" / "sanity")
+    assert summary[schema.SUMMARY_SETUP][schema.INTEGRATION] == "hf_trainer"
 
 
 def test_an_exception_in_a_trainer_is_recorded_and_reaches_the_user(tmp_path):

@@ -260,6 +260,8 @@ def _sort_records(data: RankRecords, parsed: list[dict[str, Any] | None], cut_ta
                 continue
             data.compact, data.header = compact, record
         elif kind == schema.KIND_EVENT:
+            if record.get(schema.CODE) == schema.EVENT_INTEGRATION and data.header is not None:
+                data.header = {**data.header, schema.INTEGRATION: record.get(schema.INTEGRATION)}
             data.events.append(record)
         elif kind == schema.KIND_FOOTER:
             data.footer = record

@@ -80,6 +80,18 @@ class RankRecorder:
             }
         )
 
+    def integration(self, name: str) -> None:
+        """The header's integration, named again (schema.EVENT_INTEGRATION)."""
+        if self.is_open:
+            self.sink.write(
+                {
+                    schema.KIND: schema.KIND_EVENT,
+                    schema.CODE: schema.EVENT_INTEGRATION,
+                    schema.INTEGRATION: name,
+                    "at_step": self.steps_written,
+                }
+            )
+
     def samples(self, records: list[dict[str, Any]]) -> None:
         """Append telemetry samples, each stamped with the steps written before it."""
         if not self.is_open:

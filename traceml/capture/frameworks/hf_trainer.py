@@ -75,6 +75,11 @@ def before_train(trainer: Any) -> Any | None:
         return None
     if capture.session is None:
         capture.integration = "hf_trainer"
+    elif capture.steps == 0 and capture.integration != "hf_trainer":
+        # A forward before train() (a sanity check) opened the run as a hand-written loop's.
+        capture.integration = capture.session.integration = "hf_trainer"
+        if capture.session.recorder is not None:
+            capture.session.recorder.integration("hf_trainer")
     capture.step_ends_at_optimizer = False
     callback = callback_class()(capture)
     trainer.add_callback(callback)
