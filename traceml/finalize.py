@@ -43,16 +43,21 @@ def summarise(
     write: bool = True,
     jobs: int | None = None,
     status: str | None = None,
+    exit_code: int = 0,
 ) -> tuple[dict[str, Any], str]:
     """Reduce + diagnose ``run_dir``; write final_summary.json/.txt (and report.html).
 
     ``status`` overrides the run status the rank files suggest, for a caller that knows better
-    (the launcher that stopped the run with a signal). ``jobs``: rank files reduced at once in
-    worker processes (default: the cores this process may use).
+    (the launcher that stopped the run with a signal). ``exit_code``: the script's, where the
+    caller knows it: a failure the rank files cannot see (``sys.exit(3)`` after the loop) makes
+    a completed or partial run ``failed``. ``jobs``: rank files reduced at once in worker
+    processes (default: the cores this process may use).
     """
     summary = reduce_run(run_dir, thresholds=thresholds, jobs=jobs or usable_cpu_count())
     if status is not None:
         summary[schema.SUMMARY_STATUS] = status
+    elif exit_code and summary[schema.SUMMARY_STATUS] in (schema.RUN_COMPLETED, schema.RUN_PARTIAL):
+        summary[schema.SUMMARY_STATUS] = schema.RUN_FAILED
     if notes:
         summary[schema.SUMMARY_NOTES] = list(notes) + summary[schema.SUMMARY_NOTES]
     summary[schema.SUMMARY_VERDICTS] = diagnose(summary)

@@ -43,6 +43,7 @@ def report_run(
             "notes": notes,
             "html": settings.html,
             "status": schema.RUN_INTERRUPTED if received is not None else None,
+            "exit_code": exit_code,
         }
         # Several nodes: each reduces its own ranks into a partial; node 0 merges them.
         _summary, text = (
@@ -127,7 +128,7 @@ def _ending_notes(received: int | None, exit_code: int) -> list[str]:
         ]
     if exit_code != 0:
         return [
-            f"the script exited with code {exit_code}: training did not finish, "
+            f"the script exited with code {exit_code} (a failure, by its own account): "
             "this report covers the steps recorded before that"
         ]
     return []

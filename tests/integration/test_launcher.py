@@ -107,6 +107,20 @@ def test_module_launch_no_report_and_the_exit_code(tmp_path, tiny):
     assert len(steps_of(rank_records(tmp_path / "logs" / "mod"))) == 3
 
 
+def test_a_script_exiting_with_an_error_code_after_training_is_a_failed_run(tmp_path, tiny):
+    # sys.exit(3) after the loop: every rank file ends "completed" (nothing raised inside the
+    # training), and the report said "completed" beside its note of the exit code.
+    env = clean_env(TINY_BATCHES=4, TINY_VALIDATE=0, TINY_EXIT_CODE=3)
+    result = run(
+        traceml("run", tiny, "--logs-dir", tmp_path / "logs", "--run-name", "three"), env, tmp_path
+    )
+    assert result.returncode == 3, result.stderr
+    assert "the script exited with code 3 (a failure, by its own account)" in result.stderr
+    summary = json.loads((tmp_path / "logs" / "three" / "final_summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert rank_records(tmp_path / "logs" / "three")[-1]["status"] == "completed"
+
+
 def test_script_that_raises_after_three_steps(tmp_path, tiny):
     env = clean_env(TINY_BATCHES=10, TINY_RAISE_AFTER=3, TINY_VALIDATE=0)
     result = run(
