@@ -36,6 +36,10 @@ class RankRecorder:
         self.header_written = False
         self.footer_written = False
         self.steps_written = 0
+        # Events before the header (a note from a door that runs before training starts):
+        # written right after it, so that a rank file's first line is always its header.
+        self._early_events: list[dict[str, Any]] = []
+        self._said: set[tuple[Any, ...]] = set()  # (level, code, message): each said once
         # True once trace_max_steps records are written (an attribute: read twice a step).
         self._step_limit = settings.trace_max_steps
         self.limit_reached = self._step_limit is not None and self._step_limit <= 0
@@ -66,11 +70,24 @@ class RankRecorder:
             return
         self.header_written = True
         self.sink.write(header)
+        early, self._early_events = self._early_events, []
+        for record in early:
+            self.sink.write(record)
 
-    def event(self, level: str, code: str, message: str) -> None:
+    def _event(self, record: dict[str, Any]) -> None:
         if not self.is_open:
             return
-        self.sink.write(
+        said = (record.get(schema.LEVEL), record[schema.CODE], record.get(schema.MESSAGE))
+        if said[2] is not None and said in self._said:
+            return  # a door that runs at set-up and again at the start says its note once
+        self._said.add(said)
+        if self.header_written:
+            self.sink.write(record)
+        else:
+            self._early_events.append(record)
+
+    def event(self, level: str, code: str, message: str) -> None:
+        self._event(
             {
                 schema.KIND: schema.KIND_EVENT,
                 schema.LEVEL: level,
@@ -82,15 +99,14 @@ class RankRecorder:
 
     def integration(self, name: str) -> None:
         """The header's integration, named again (schema.EVENT_INTEGRATION)."""
-        if self.is_open:
-            self.sink.write(
-                {
-                    schema.KIND: schema.KIND_EVENT,
-                    schema.CODE: schema.EVENT_INTEGRATION,
-                    schema.INTEGRATION: name,
-                    "at_step": self.steps_written,
-                }
-            )
+        self._event(
+            {
+                schema.KIND: schema.KIND_EVENT,
+                schema.CODE: schema.EVENT_INTEGRATION,
+                schema.INTEGRATION: name,
+                "at_step": self.steps_written,
+            }
+        )
 
     def samples(self, records: list[dict[str, Any]]) -> None:
         """Append telemetry samples, each stamped with the steps written before it."""
