@@ -39,12 +39,28 @@ def _threshold_overrides(items: Sequence[str] | None) -> dict[str, float]:
     return overrides
 
 
+def _thresholds(args: argparse.Namespace) -> dict[str, float]:
+    """``report`` and ``watch``: the TRACEML_THRESHOLD_* variables, as a traced process and
+    ``traceml run`` read them, with each --threshold given on top."""
+    import os
+
+    from traceml.settings import ENV_THRESHOLD_PREFIX, SettingsError, parse_threshold_env
+
+    given = _threshold_overrides(args.threshold)
+    replaced = {ENV_THRESHOLD_PREFIX + name.upper() for name in given}  # not read, as in run
+    try:
+        from_env = parse_threshold_env({k: v for k, v in os.environ.items() if k not in replaced})
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
+    return {**from_env, **given}
+
+
 def _add_threshold_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold",
         action="append",
         metavar="NAME=VALUE",
-        help="override a diagnosis threshold (see the README's table); repeatable",
+        help="override a diagnosis threshold (the table: docs/diagnosis.md); repeatable",
     )
 
 
@@ -335,7 +351,7 @@ def _report(args: argparse.Namespace) -> int:
 
     from traceml.finalize import summarise, unfinished_ranks_note
 
-    thresholds = _threshold_overrides(args.threshold)
+    thresholds = _thresholds(args)
     run_dir = Path(args.run_dir)
     notes = unfinished_ranks_note(run_dir, args.wait) if args.wait > 0 else []
     # ReduceError (nothing to summarise) and OutputError (cannot write) reach main().
@@ -370,7 +386,7 @@ def _watch(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be a positive number of seconds")
     return watch(  # its LiveError is a UsageError: one line, exit 2
         Path(args.run_dir),
-        thresholds=_threshold_overrides(args.threshold),
+        thresholds=_thresholds(args),
         interval_s=args.interval,
         html=Path(args.html) if args.html else None,
     )

@@ -89,7 +89,8 @@ def validate(args: argparse.Namespace) -> None:
     if args.run_name is not None and not is_valid_run_name(args.run_name):
         raise LaunchError(
             f"--run-name {args.run_name!r} is not a safe run name "
-            "(letters, digits, '.', '_' and '-' only, at most 128 characters)"
+            "(letters, digits, '.', '_' and '-' only, starting with a letter or digit, "
+            "at most 128 characters)"
         )
 
 

@@ -52,10 +52,18 @@ def report_run(
             else summarise(run_dir, **options)
         )
     except ReduceError:
+        # A script that failed before training (its own error above) needs no hint about
+        # optimizers; one that exited cleanly with no step does.
+        why = (
+            "did the script step an optimizer, and configure devices from WORLD_SIZE "
+            "when launched with --nproc-per-node?"
+        )
+        if exit_code != 0:
+            why = f"the script exited with code {exit_code} before any step"
+        if received is not None:
+            why = f"traceml run received {signal.Signals(received).name} before any step"
         print(
-            "traceml: no training steps were recorded (did the script step an optimizer, "
-            "and configure devices from WORLD_SIZE when launched with --nproc-per-node?); "
-            f"run directory: {run_dir}",
+            f"traceml: no training steps were recorded ({why}); run directory: {run_dir}",
             file=sys.stderr,
         )
         return exit_code

@@ -294,7 +294,8 @@ def load_settings(
         if not is_valid_run_name(run_name):
             raise SettingsError(
                 f"{ENV_RUN_NAME}={run_name!r} is not a safe run name "
-                "(letters, digits, '.', '_' and '-' only, at most 128 characters)"
+                "(letters, digits, '.', '_' and '-' only, starting with a letter or digit, "
+                "at most 128 characters)"
             )
     else:
         run_name = default_run_name(env, args, now)

@@ -85,6 +85,24 @@ def test_single_process_run(tmp_path, tiny):
     assert manifest["versions"]["torch"]
 
 
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("import sys; sys.exit(2)", "the script exited with code 2 before any step"),
+        ("pass", "did the script step an optimizer"),
+    ],
+)
+def test_a_run_with_no_step_says_why_in_one_line(tmp_path, body, says):
+    # A script that failed at its argument parsing got the hint about optimizers and
+    # WORLD_SIZE, sending its user to look for the wrong cause.
+    script = tmp_path / "early.py"
+    script.write_text(body + "\n")
+    result = run(traceml("run", script, "--logs-dir", tmp_path / "logs"), clean_env(), tmp_path)
+    assert result.returncode == (2 if "exit" in body else 0)
+    lines = [line for line in result.stderr.splitlines() if "no training steps" in line]
+    assert len(lines) == 1 and says in lines[0], result.stderr
+
+
 def test_module_launch_no_report_and_the_exit_code(tmp_path, tiny):
     # The script's sys.exit(3) after training is the launch's exit code.
     env = clean_env(TINY_BATCHES=3, TINY_VALIDATE=0, TINY_EXIT_CODE=3, PYTHONPATH=tmp_path)

@@ -46,6 +46,22 @@ def test_threshold_option(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--threshold", "input_warn"]) == 2
 
 
+def test_report_reads_the_threshold_variables_under_its_options(tmp_path, monkeypatch, capsys):
+    # TRACEML_THRESHOLD_* worked for traced processes and `traceml run` only: a report (or a
+    # re-run of one) silently used the defaults.
+    synthetic_run(tmp_path, input=20, forward=40, backward=40)
+    monkeypatch.setenv("TRACEML_THRESHOLD_INPUT_WARN", "0.1")
+    assert main(["report", str(tmp_path)]) == 0
+    assert "Verdict: INPUT-BOUND" in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--threshold", "input_warn=0.9"]) == 0
+    assert "Verdict: INPUT-BOUND" not in capsys.readouterr().out
+    monkeypatch.setenv("TRACEML_THRESHOLD_INPUT_WARN", "lots")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "TRACEML_THRESHOLD_INPUT_WARN" in err and err.count("\n") == 1
+    assert main(["report", str(tmp_path), "--threshold", "input_warn=0.9"]) == 0  # not read
+
+
 def test_threshold_beyond_any_number_a_summary_stores_is_one_line_exit_2(tmp_path, capsys):
     # int(inf) raised, int(1e300) could not be written: both were an internal error (exit 70).
     synthetic_run(tmp_path, forward=20, backward=20)

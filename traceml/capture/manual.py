@@ -40,7 +40,10 @@ def init(
         requested["logs_dir"] = Path(logs_dir).expanduser().resolve()
     if run_name is not None:
         if not is_valid_run_name(run_name):
-            raise ValueError(f"run_name={run_name!r} is not a safe run name ([A-Za-z0-9._-])")
+            raise ValueError(
+                f"run_name={run_name!r} is not a safe run name "
+                "([A-Za-z0-9._-], starting with a letter or digit)"
+            )
         requested["run_name"] = run_name
     if trace_max_steps is not None:
         if int(trace_max_steps) < 1:
