@@ -435,3 +435,72 @@ def test_cuda_event_path_with_a_lagging_fake_device(tmp_path, max_steps):
         assert step[schema.MEM_PEAK_ALLOCATED] == 1000
         assert step[schema.MEM_PEAK_RESERVED] == 2000
         assert_adds_up(step)
+
+
+SUBMODULE_NETWORK = """
+import os, sys, time
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Slow(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        time.sleep(0.02)
+        return self.layer(x)
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = Slow()  # no forward of its own: training_step calls self.net(x)
+        if os.environ.get("SECOND"):
+            self.head = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, _index):
+        x, y = batch
+        out = self.net(x)
+        if os.environ.get("SECOND"):
+            out = self.head(out)
+        return torch.nn.functional.mse_loss(out, y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+data = TensorDataset(torch.randn(24, 8), torch.randn(24, 1))
+trainer = pl.Trainer(
+    max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+)
+trainer.fit(Module(), DataLoader(data, batch_size=4))
+print("STEPS", trainer.global_step)
+"""
+
+
+@pytest.mark.parametrize("second", ["", "1"])
+def test_a_network_in_a_submodule_called_directly_is_forward(tmp_path, second):
+    # `self.net(x)` in training_step, the LightningModule defining no forward: traceml timed
+    # the LightningModule's forward, which never ran: Forward null on every step, its 20 ms in
+    # Residual, and a RESIDUAL-HEAVY verdict with no word of why.
+    script = tmp_path / "submodule.py"
+    script.write_text(SUBMODULE_NETWORK)
+    env = traced_env(tmp_path / "logs", "sub", SECOND=second)
+    result = run([PYTHON, script], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STEPS 6" in result.stdout
+    records = rank_records(tmp_path / "logs" / "sub")
+    steps = steps_of(records)
+    assert len(steps) == 6
+    for step in steps[1:]:
+        assert 19.0 <= step[schema.FORWARD] <= 40.0, step
+        assert_adds_up(step)
+    notes = [r["message"] for r in records if r["kind"] == "event"]
+    named = [n for n in notes if n.startswith("Forward is self.net's forward")]
+    assert len(named) == (1 if second else 0), notes
+    if second:
+        assert "self.head count as Residual" in named[0]

@@ -227,3 +227,18 @@ def test_a_steps_unmeasured_input_wait_leaves_its_device_own_time_unknown(tmp_pa
     assert own[0]["min"] == 150.0  # device time plus a measured wait only: no step at 100
     assert own[0]["count"] == 14
     assert own[1]["max"] == 100.0  # batches from a list: the device time alone
+
+
+def test_residual_heavy_says_when_forward_went_unmeasured(tmp_path):
+    # A LightningModule whose training_step calls a submodule traceml does not time: the
+    # model's time is in Residual, and the advice ("log less often") pointed elsewhere.
+    def no_forward(_rank, _index, record):
+        record[schema.FORWARD] = None
+
+    _summary, verdicts = _ranks(
+        tmp_path, 1, damage=no_forward, input=1.0, forward=0.0, backward=5.0, residual=80.0
+    )
+    advice = verdicts["RESIDUAL_HEAVY"][schema.VERDICT_NEXT]
+    assert advice.startswith("Forward was not measured, so the model's forward is in Residual")
+    _summary, verdicts = _ranks(tmp_path / "b", 1, input=1.0, forward=5.0, residual=80.0)
+    assert "Forward was not measured" not in verdicts["RESIDUAL_HEAVY"][schema.VERDICT_NEXT]

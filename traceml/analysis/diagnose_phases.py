@@ -101,6 +101,13 @@ def insufficient(summary: dict[str, Any], limits: dict[str, float]) -> dict[str,
     )
 
 
+# Residual holds the model's forward where Forward went unmeasured: said before the advice.
+FORWARD_UNMEASURED = (
+    "Forward was not measured, so the model's forward is in Residual (with Lightning, "
+    "traceml times the LightningModule's forward, its `model`, or, where it defines no "
+    "forward, its largest submodule; a training_step that calls another one is not seen). "
+)
+
 # Phase verdicts judged on share of step time: (kind, phase, threshold key prefix).
 _SHARE_RULES: tuple[tuple[str, str, str], ...] = (
     (INPUT_BOUND, schema.INPUT_WAIT, "input"),
@@ -142,6 +149,8 @@ def _share_verdict(
     mean, step_mean = view.means[phase], view.means[schema.STEP]
     own = " (its own time, not counting waits on other ranks)" if view.own else ""
     next_step = NEXT_STEPS[kind].format(workers=_workers_hint(summary))
+    if kind == RESIDUAL_HEAVY and view.means.get(schema.FORWARD) is None:
+        next_step = FORWARD_UNMEASURED + next_step
     input_advice = _input_advice(summary, mean, step_mean) if kind == INPUT_BOUND else None
     return new_verdict(
         kind,

@@ -48,6 +48,7 @@ from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
+from .lightning_forward import forward_module
 from .lightning_instruments import (
     END_DOOR,
     FETCH_DOOR,
@@ -56,7 +57,6 @@ from .lightning_instruments import (
     STEPPED_DOOR,
     Instruments,
     event_doors,
-    forward_module,
     progress_counters,
 )
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from traceml import schema
 from traceml.capture.class_doors import door_on_class, takes
 from traceml.capture.clock import clock_ns
 from traceml.capture.forward_hooks import (
@@ -51,6 +52,8 @@ from traceml.capture.forward_hooks import (
 from traceml.capture.guard import declare
 from traceml.capture.undo import undo_all
 
+from .lightning_forward import forward_module, forward_note
+
 
 def guarded_doors(observer: Any) -> Any:
     """The fetcher's event log where each door is a guarded entry point of ``observer`` (the
@@ -62,20 +65,6 @@ def guarded_doors(observer: Any) -> Any:
         doors[event[0]](*event[1:])
 
     return log
-
-
-def forward_module(pl_module: Any) -> Any | None:
-    """The network whose forward is "Forward": RF-DETR's (and many modules') ``self.model``,
-    else the LightningModule itself (its forward runs when ``training_step`` calls ``self(x)``)."""
-    try:
-        import torch
-
-        inner = getattr(pl_module, "model", None)
-        if isinstance(inner, torch.nn.Module):
-            return inner
-        return pl_module if isinstance(pl_module, torch.nn.Module) else None
-    except Exception:
-        return None
 
 
 def progress_counters(trainer: Any) -> tuple[Any, Any] | None:
@@ -158,6 +147,9 @@ class Instruments:
     def install(self, trainer: Any, pl_module: Any, fetcher: Any) -> None:
         observer = self.observer
         module = forward_module(pl_module)
+        note = forward_note(pl_module, module)
+        if note is not None:
+            observer.session.note("info", schema.EVENT_NOTE, note)
         wrappable = module is None or can_wrap_forward(module)
         # One door per phase needs both wrappers: the forward's tells a recomputation inside
         # backward by the backward wrapper's flag (hooks would need the clock's, two doors).
