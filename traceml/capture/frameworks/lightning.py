@@ -72,6 +72,12 @@ def _is_tuner_fit(trainer: Any) -> bool:
     )
 
 
+INPUT_FIRST_LOADER = (
+    "input pipeline timed for the first DataLoader only: the loop made new ones later "
+    "(reload_dataloaders_every_n_epochs), whose workers and samples are not broken down"
+)
+
+
 class StepTiming:
     """Lightning callback body (mixed into each package's ``Callback``; phases: see above)."""
 
@@ -211,6 +217,10 @@ class StepTiming:
             fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
             if fetcher is not None and fetcher is not self.instruments.fetcher:
                 self.instruments.instrument_fetcher(fetcher)
+            timing = self.session.input_timing
+            combined = getattr(trainer.fit_loop, "_combined_loader", None)
+            if timing is not None and timing.loader not in getattr(combined, "flattened", ()):
+                self.session.note("info", schema.EVENT_NOTE, INPUT_FIRST_LOADER)
 
     @entry_point(
         "lightning.on_before_optimizer_step", "Lightning's on_before_optimizer_step", per_step=True
@@ -241,6 +251,7 @@ class StepTiming:
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         step, epoch = getattr(trainer, "global_step", None), getattr(trainer, "current_epoch", None)
         self.session.epoch_ended(step, epoch)
+        self.instruments.release_fetcher()
 
     @entry_point("lightning.on_train_end", "Lightning's on_train_end hook")
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

@@ -221,6 +221,16 @@ class Instruments:
         self.fetcher = fetcher
         self._restore_fetcher = lambda: undo_all(undo)
 
+    def release_fetcher(self) -> None:
+        """At an epoch's end: the doors off the fetcher and no reference to it kept, so that a
+        loop that reloads its DataLoaders drops the old fetcher (and shuts its workers down)
+        where it would untraced, not inside traceml's next hook. The next epoch's start times
+        the fetcher the loop has then."""
+        if self._restore_fetcher is not None:
+            self._restore_fetcher()
+            self._restore_fetcher = None
+        self.fetcher = None
+
     def _wrap_optimizer_step(self, strategy: Any) -> None:
         observer, log = self.observer, self.doors
 
