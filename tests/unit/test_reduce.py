@@ -285,3 +285,16 @@ def test_parallel_reduction_gives_the_same_summary(tmp_path):
     synthetic_run(tmp_path, ranks=3, steps=50, seed=5, input=10, forward=20, backward=30)
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     assert reduce_run(tmp_path, now=now, jobs=2) == reduce_run(tmp_path, now=now, jobs=1)
+
+
+def test_samples_per_second_counts_each_steps_microbatches(tmp_path):
+    # Lightning's GradientAccumulationScheduler sets the accumulation after the header is
+    # written (1 there): samples/s counted one microbatch a step for 4.
+    records = [header(0, 1)]
+    for index in range(10):
+        record = step(index, index * 11.0, forward=4.0, backward=6.0)
+        record[schema.MICROBATCHES] = 4
+        records.append(record)
+    write_rank(tmp_path, 0, [*records, footer(10)])
+    overall = reduce_run(tmp_path)["overall"]
+    assert overall["samples_per_s"] == pytest.approx(overall["steps_per_s"] * 2 * 4)

@@ -295,9 +295,11 @@ def _missing_ranks(world_size: int, found: list[int]) -> list[int]:
 
 def _samples_per_s(overall: dict[str, Any], setup: dict[str, Any], world_size: int) -> float | None:
     batch = setup.get(schema.BATCH_SIZE)
-    accumulate = setup.get(schema.ACCUMULATE_GRAD_BATCHES) or 1
     if not overall.get(schema.STEPS_PER_S) or not isinstance(batch, int):
         return None
+    # Each step's microbatches where counted (GradientAccumulationScheduler changes them).
+    counted = ((overall.get(schema.PHASE_STATS) or {}).get(schema.MICROBATCHES) or {}).get("mean")
+    accumulate = counted or setup.get(schema.ACCUMULATE_GRAD_BATCHES) or 1
     return overall[schema.STEPS_PER_S] * batch * accumulate * world_size
 
 
