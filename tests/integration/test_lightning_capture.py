@@ -504,3 +504,52 @@ def test_a_network_in_a_submodule_called_directly_is_forward(tmp_path, second):
     assert len(named) == (1 if second else 0), notes
     if second:
         assert "self.head count as Residual" in named[0]
+
+
+EPOCH_CUT_SHORT = """
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, _index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def on_train_batch_start(self, batch, index):
+        return -1 if index == 4 else None  # Lightning: skip the rest of this epoch
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+data = TensorDataset(torch.randn(36, 4), torch.randn(36, 1))
+trainer = pl.Trainer(
+    max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+)
+trainer.fit(Module(), DataLoader(data, batch_size=4))
+print("STEPS", trainer.global_step)
+"""
+
+
+def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path):
+    # on_train_batch_start returning -1 ends the epoch after that batch's fetch: the fetch
+    # alone was written as a step (0.1 ms, its optimizer "did not step"), two extra steps here
+    # in the statistics and steps/s.
+    script = tmp_path / "cut_short.py"
+    script.write_text(EPOCH_CUT_SHORT)
+    result = run([PYTHON, script], traced_env(tmp_path / "logs", "cut"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STEPS 8" in result.stdout
+    steps = steps_of(rank_records(tmp_path / "logs" / "cut"))
+    assert [s[schema.GLOBAL_STEP] for s in steps] == list(range(1, 9))
+    assert all(s.get(schema.OPTIMIZER_STEPPED, True) for s in steps)

@@ -358,8 +358,8 @@ class StepClock:
         group = self._group
         if group is not None and micro is not None:
             group.microbatches += 1
-        if group is None or group.microbatches == 0:
-            self._group = None
+        if group is None or group.microbatches == 0 or _untrained(group):
+            self._group = None  # (a fetch only: a loop that broke out of its epoch after it)
             return None
         end = group.phase_end_ns
         return self._close(now_ns if end is None else end, False, global_step, epoch)
@@ -389,3 +389,9 @@ class StepClock:
         group.index = index
         group.extra = {}
         return group
+
+
+def _untrained(group: Group) -> bool:
+    """A group with no forward, backward or optimizer timed: its batch was fetched and never
+    trained on (Lightning's on_train_batch_start returned -1), not a step."""
+    return group.forward_ns is None and group.backward_ns is None and group.optimizer_ns is None
