@@ -101,12 +101,18 @@ def insufficient(summary: dict[str, Any], limits: dict[str, float]) -> dict[str,
     )
 
 
-# Residual holds the model's forward where Forward went unmeasured: said before the advice.
-FORWARD_UNMEASURED = (
-    "Forward was not measured, so the model's forward is in Residual (with Lightning, "
-    "traceml times the LightningModule's forward, its `model`, or, where it defines no "
-    "forward, its largest submodule; a training_step that calls another one is not seen). "
-)
+# Residual holds a phase that went unmeasured: said before the advice.
+UNMEASURED = {
+    schema.FORWARD: (
+        "Forward was not measured, so the model's forward is in Residual (with Lightning, "
+        "traceml times the LightningModule's forward, its `model`, or, where it defines no "
+        "forward, its largest submodule; a training_step that calls another one is not seen). "
+    ),
+    schema.BACKWARD: (
+        "Backward was not measured, so the backward pass is in Residual (traceml times "
+        "loss.backward(); gradients taken with torch.autograd.grad are not seen). "
+    ),
+}
 
 # Phase verdicts judged on share of step time: (kind, phase, threshold key prefix).
 _SHARE_RULES: tuple[tuple[str, str, str], ...] = (
@@ -149,8 +155,9 @@ def _share_verdict(
     mean, step_mean = view.means[phase], view.means[schema.STEP]
     own = " (its own time, not counting waits on other ranks)" if view.own else ""
     next_step = NEXT_STEPS[kind].format(workers=_workers_hint(summary))
-    if kind == RESIDUAL_HEAVY and view.means.get(schema.FORWARD) is None:
-        next_step = FORWARD_UNMEASURED + next_step
+    if kind == RESIDUAL_HEAVY:
+        unmeasured = [words for p, words in UNMEASURED.items() if view.means.get(p) is None]
+        next_step = "".join(unmeasured) + next_step
     input_advice = _input_advice(summary, mean, step_mean) if kind == INPUT_BOUND else None
     return new_verdict(
         kind,

@@ -54,13 +54,15 @@ from .torch_loop_facts import (
 )
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
-from .torch_loop_notes import finish_notes, refuse, stepped_before_any_forward
-from .torch_loop_optimizers import NOTES, OTHER, STEP, StepOptimizer
-
-NOTE_H2D = (
-    "any-loop capture: the batch's copy to the device is not timed apart (H2D is null); it is "
-    "in Residual, or in Input Wait where the DataLoader moves the batch (Accelerate)"
+from .torch_loop_notes import (
+    NOTE_EVAL_FORWARD,
+    NOTE_FETCH_THREAD,
+    NOTE_H2D,
+    finish_notes,
+    refuse,
+    stepped_before_any_forward,
 )
+from .torch_loop_optimizers import NOTES, OTHER, STEP, StepOptimizer
 
 
 class LoopCapture:
@@ -77,7 +79,8 @@ class LoopCapture:
         self.steps = 0
         self.epoch = 0
         self.fetches = Fetches()  # fetches not yet known to feed a training forward
-        self._backward_done = False
+        self._fetch_thread: int | None = None  # the last fetch's (not the loop's: a prefetcher)
+        self._backward_done = self.backward_seen = False
         self._unfed = False  # the open microbatch began with no fetch, after a step had ended
         self._in_step = False  # inside the step optimizer's step (its pre-hook, not yet post)
         self._deferred = self._proven = False  # Lightning loaded: a loop, once it stepped
@@ -179,7 +182,8 @@ class LoopCapture:
 
     @entry_point("torch_loop.fetch", "after a DataLoader iterator's __next__ returned a batch")
     def fetched(self, iterator: Any, start: int, end: int) -> None:
-        if self.thread is not None and threading.get_ident() != self.thread:
+        self._fetch_thread = here = threading.get_ident()
+        if self.thread is not None and here != self.thread:
             return
         self.fetches.fetched(iterator, start, end)
 
@@ -232,10 +236,12 @@ class LoopCapture:
         fetches.take(pending)
         if pending is not None:
             session.fetched(pending[1], pending[1] + pending[2])
-        elif fetches.train_iterators:  # fetched with an earlier microbatch (the HF Trainer)
-            now = clock_ns()
+        elif fetches.train_iterators and self._fetch_thread == self.thread:
+            now = clock_ns()  # fetched with an earlier microbatch (the HF Trainer)
             session.fetched(now, now)
-        else:  # no DataLoader fed training yet: unmeasured, null (rule 2), not 0
+        else:  # no DataLoader fed training yet, or one read in another thread: null, not 0
+            if self._fetch_thread not in (None, self.thread):
+                self.note_once("fetch-thread", NOTE_FETCH_THREAD)
             session.fetched(None, clock_ns())
         self._backward_done = False
 
@@ -258,7 +264,7 @@ class LoopCapture:
     def backward_ended(self) -> None:
         self._backward_depth -= 1
         if self._backward_depth == 0:
-            self._backward_done = True
+            self._backward_done = self.backward_seen = True
             self.session.backward_ended()
 
     def backward_raised(self) -> None:
@@ -325,12 +331,15 @@ class LoopCapture:
     def step_ended(self, global_step: Any = None) -> None:
         session = self.session
         if session is None or not session.clock.in_microbatch:
+            if session is not None and self._backward_done:  # a backward, and no forward seen
+                self.note_once("eval-forward", NOTE_EVAL_FORWARD)
             return
         if self.steps == 0:
             # (also where the first step's optimizer.step() was skipped, by AMP's GradScaler on
             # an overflow, so no post-hook came: the global hooks stayed for the whole run)
             self.hooks.roots_found()
         self.steps += 1
+        self._backward_done = False
         session.batch_ended(self.steps if global_step is None else global_step, self.epoch)
 
     def _is_step_optimizer(self, optimizer: Any, finished: bool = False) -> bool:

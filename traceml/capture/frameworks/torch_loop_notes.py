@@ -7,6 +7,20 @@ from typing import Any
 
 from .torch_loop_facts import rfdetr_loaded
 
+NOTE_H2D = (
+    "any-loop capture: the batch's copy to the device is not timed apart (H2D is null); it is "
+    "in Residual, or in Input Wait where the DataLoader moves the batch (Accelerate)"
+)
+NOTE_FETCH_THREAD = (
+    "the training DataLoader is read in another thread (a background prefetcher): Input Wait "
+    "is not measured (null), the loop's wait for a batch is in the gap between steps, and "
+    "epochs are not counted"
+)
+NOTE_EVAL_FORWARD = (
+    "optimizer steps came after a backward with no training forward seen (the model left in "
+    "eval() mode after an evaluation?): those steps are not counted"
+)
+
 
 def stepped_before_any_forward(capture: Any) -> None:
     """No training forward opened the session, and an optimizer steps: nothing will (a
@@ -45,6 +59,12 @@ def finish_notes(capture: Any) -> None:
             "training batches do not come from a torch DataLoader: Input Wait is not "
             "measured (null)",
             level="info",
+        )
+    if capture.steps and not capture.backward_seen:
+        capture.note_once(
+            "no-backward",
+            "no loss.backward() was seen (gradients from torch.autograd.grad?): Backward is "
+            "not measured (null), its time is in Residual",
         )
     if capture.steps == 0:
         capture.note_once(
