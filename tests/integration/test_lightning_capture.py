@@ -553,3 +553,59 @@ def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path):
     steps = steps_of(rank_records(tmp_path / "logs" / "cut"))
     assert [s[schema.GLOBAL_STEP] for s in steps] == list(range(1, 9))
     assert all(s.get(schema.OPTIMIZER_STEPPED, True) for s in steps)
+
+
+VALIDATION_MID_WINDOW = """
+import time
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, _index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, _index):
+        time.sleep(0.03)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def loader(batches):
+    return DataLoader(TensorDataset(torch.randn(4 * batches, 4), torch.randn(4 * batches, 1)), 4)
+
+
+trainer = pl.Trainer(
+    max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    accumulate_grad_batches=4, val_check_interval=2, limit_val_batches=2,
+)
+trainer.fit(Module(), loader(16), loader(2))
+print("STEPS", trainer.global_step)
+"""
+
+
+def test_validation_inside_an_accumulation_window_is_not_the_steps_residual(tmp_path):
+    # val_check_interval=2 with 4 microbatches a step: each validation (60 ms) ran between two
+    # microbatches of an open step and was its Residual (steps of ~70 ms for ~10).
+    script = tmp_path / "mid_window.py"
+    script.write_text(VALIDATION_MID_WINDOW)
+    result = run([PYTHON, script], traced_env(tmp_path / "logs", "mid"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STEPS 4" in result.stdout
+    steps = steps_of(rank_records(tmp_path / "logs" / "mid"))
+    assert [s[schema.MICROBATCHES] for s in steps] == [4, 4, 4, 4]
+    for step in steps[1:]:
+        assert step[schema.RESIDUAL] < 40.0, step  # one 60 ms validation was inside each
+        assert step[schema.GAP_MS] >= 55.0, step  # ... and is the gap before the step now
+        assert_adds_up(step)

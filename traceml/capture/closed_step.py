@@ -88,6 +88,12 @@ class Group:
     def __repr__(self) -> str:
         return f"Group({vars(self)})"
 
+    @property
+    def untrained(self) -> bool:
+        """No forward, backward or optimizer timed: its batch was fetched and never trained
+        on (Lightning's on_train_batch_start returned -1), not a step."""
+        return self.forward_ns is None and self.backward_ns is None and self.optimizer_ns is None
+
     def record(self) -> dict[str, Any]:
         """The step's record (rank schema 2.0 keys). Counts an overlap on the clock the first
         time, so call it once (the sink does)."""

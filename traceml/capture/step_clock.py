@@ -346,6 +346,13 @@ class StepClock:
         self._last_end_ns = last_end_ns
         return index, before  # type: ignore[return-value]
 
+    def paused(self, start_ns: int, end_ns: int) -> None:
+        """Not the step's work between two of its microbatches (validation inside an
+        accumulation window): the step starts that much later, the time is its gap."""
+        group = self._group
+        if group is not None and self._micro is None and end_ns > start_ns:
+            group.start_ns += end_ns - start_ns
+
     def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None
     ) -> ClosedStep | None:
@@ -358,7 +365,7 @@ class StepClock:
         group = self._group
         if group is not None and micro is not None:
             group.microbatches += 1
-        if group is None or group.microbatches == 0 or _untrained(group):
+        if group is None or group.microbatches == 0 or group.untrained:
             self._group = None  # (a fetch only: a loop that broke out of its epoch after it)
             return None
         end = group.phase_end_ns
@@ -389,9 +396,3 @@ class StepClock:
         group.index = index
         group.extra = {}
         return group
-
-
-def _untrained(group: Group) -> bool:
-    """A group with no forward, backward or optimizer timed: its batch was fetched and never
-    trained on (Lightning's on_train_batch_start returned -1), not a step."""
-    return group.forward_ns is None and group.backward_ns is None and group.optimizer_ns is None

@@ -41,6 +41,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.capture.class_doors import door_on_class
+from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import FINAL, IDLE, READY, TRACING
 from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
@@ -115,6 +116,7 @@ class StepTiming:
         self.session.cost_owners.append(self)
         self.instruments = Instruments(self)
         self._counters: tuple[Any, Any] | None = None
+        self._validation_ns: int | None = None
         self._batch_ended = self.session.batch_ended  # or, with one-door timing, the replay's
         self.session.add_undo(self.instruments.remove)
         self.session.add_undo(self._per_step_hooks_off)
@@ -221,6 +223,19 @@ class StepTiming:
             combined = getattr(trainer.fit_loop, "_combined_loader", None)
             if timing is not None and timing.loader not in getattr(combined, "flattened", ()):
                 self.session.note("info", schema.EVENT_NOTE, INPUT_FIRST_LOADER)
+
+    # Validation inside an accumulation window (val_check_interval not a multiple of
+    # accumulate_grad_batches) runs between two microbatches of one step: taken out of it.
+    @entry_point("lightning.on_validation_start", "Lightning's on_validation_start hook")
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._validation_ns = clock_ns() if self.session.life.state is TRACING else None
+
+    @entry_point("lightning.on_validation_end", "Lightning's on_validation_end hook")
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        start, self._validation_ns = self._validation_ns, None
+        if start is not None and self.session.life.state is TRACING:
+            self.session.settle()  # the clock current (one-door timing replays on the flusher)
+            self.session.clock.paused(start, clock_ns())
 
     @entry_point(
         "lightning.on_before_optimizer_step", "Lightning's on_before_optimizer_step", per_step=True
