@@ -48,6 +48,8 @@ TINY_ENV = {
 }
 LAUNCHERS: dict[str, dict] = {
     "plain": TINY_ENV,
+    # A validation at each epoch's end (and Lightning's sanity check before training).
+    "validating": {**TINY_ENV, "TINY_VALIDATE": 1},
     # A user exception at batch RAISE_AFTER + 1: Lightning calls on_exception.
     "raising": {**TINY_ENV, "TINY_RAISE_AFTER": RAISE_AFTER},
     # traceml.capture.frameworks.rfdetr.init() in the script instead of TRACEML=1.
@@ -82,10 +84,20 @@ SCRIPT_OF = {
 REFERENCE = {"plain": "plain", "init": "plain", "raising": "raising", "torchrun": "torchrun"}
 EXPECTED_STEP = {"plain": STEPS, "init": STEPS, "raising": RAISE_AFTER, "torchrun": TORCHRUN_STEPS}
 REFERENCE.update(
-    loop="loop", loop_amp="loop_amp", loop_closure="loop_closure", hf="hf", hf_raising="hf_raising"
+    validating="validating",
+    loop="loop",
+    loop_amp="loop_amp",
+    loop_closure="loop_closure",
+    hf="hf",
+    hf_raising="hf_raising",
 )
 EXPECTED_STEP.update(
-    loop=STEPS, loop_amp=STEPS, loop_closure=STEPS, hf=STEPS, hf_raising=RAISE_AFTER
+    validating=STEPS,
+    loop=STEPS,
+    loop_amp=STEPS,
+    loop_closure=STEPS,
+    hf=STEPS,
+    hf_raising=RAISE_AFTER,
 )
 
 
@@ -124,6 +136,8 @@ SCENARIOS: dict[str, Scenario] = {
     "lightning.optimizer_stepped": scenario("torchrun"),
     "lightning.on_train_batch_end": scenario("plain"),
     "lightning.on_train_epoch_end": scenario("plain"),
+    "lightning.on_validation_start": scenario("validating"),
+    "lightning.on_validation_end": scenario("validating"),
     "lightning.on_train_end": scenario("plain"),
     "lightning.on_exception": scenario("raising", exit_code=1),
     "lightning.teardown": scenario("plain"),
