@@ -609,3 +609,12 @@ def test_validation_inside_an_accumulation_window_is_not_the_steps_residual(tmp_
         assert step[schema.RESIDUAL] < 40.0, step  # one 60 ms validation was inside each
         assert step[schema.GAP_MS] >= 55.0, step  # ... and is the gap before the step now
         assert_adds_up(step)
+
+
+def test_the_set_up_is_no_steps_own_cost(tmp_path):
+    # traceml's set-up (the fit's setup and on_train_start hooks: ~40 ms) was the first step's
+    # traceml_us: a one-step run (fast_dev_run) reported traceml's cost as 10x its step.
+    result, run_dir = traced(tmp_path, TINY_BATCHES=1, TINY_VALIDATE=0)
+    assert result.returncode == 0, result.stderr
+    (only,) = steps_of(rank_records(run_dir))
+    assert only[schema.TRACEML_COST_US] < only[schema.STEP] * 1000, only  # a part of the step
