@@ -706,3 +706,48 @@ def test_loop_shapes_traceml_cannot_time_are_named_in_the_run(tmp_path, shape, n
         assert all(s.get(schema.INPUT_WAIT) is None for s in steps[1:]), steps
     if shape == "grad":
         assert len(steps) == 12 and all(s.get(schema.BACKWARD) is None for s in steps)
+
+
+FORKED_PROCESS = """
+import multiprocessing
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(results):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(16, 8), torch.randn(16, 1))
+    for x, y in DataLoader(data, batch_size=4, num_workers=1):
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    results.put(round(model.weight.sum().item(), 6))
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=train, args=(results,))
+    child.start()
+    print("SUM", results.get())
+    child.join()
+    print("EXIT", child.exitcode)
+"""
+
+
+def test_a_training_in_a_forked_process_is_named_untraced(tmp_path):
+    # multiprocessing.Process(target=train) with fork: the child stood down as a DataLoader
+    # worker must, and trained untraced without a word (helper review, stop 58). Its own
+    # DataLoader worker (forked from it) steps no optimizer and says nothing.
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_PROCESS)
+    plain = run([PYTHON, script], clean_env(), tmp_path)
+    traced = run([PYTHON, script], traced_env(tmp_path / "logs", "forked"), tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
+    assert traced.stdout == plain.stdout and "EXIT 0" in traced.stdout
+    warnings = warning_lines(traced.stderr)
+    assert len(warnings) == 1 and "a process forked by this one" in warnings[0], warnings

@@ -59,6 +59,7 @@ from .torch_loop_notes import (
     NOTE_FETCH_THREAD,
     NOTE_H2D,
     finish_notes,
+    name_forked_training,
     refuse,
     stepped_before_any_forward,
 )
@@ -103,6 +104,7 @@ class LoopCapture:
         self.stood_down = True
         self.session = None
         self.hooks.remove()
+        name_forked_training()
 
     def stand_down(self) -> None:
         """Another adapter traces this process (Lightning): take every hook away."""

@@ -73,3 +73,41 @@ def finish_notes(capture: Any) -> None:
             "an optimizer outside torch.optim, or a step compiled into one graph): steps "
             "could not be delimited, so none are reported",
         )
+
+
+FORKED_TRAINING = (
+    "not tracing a training in a process forked by this one (multiprocessing.Process, a "
+    "pool): traceml cannot tell it from a DataLoader worker; run it as a script, under "
+    "torchrun or `traceml run`"
+)
+
+
+def name_forked_training() -> None:
+    """In a forked child (where the capture stood down, as a DataLoader worker must): an
+    optimizer step outside any DataLoader worker, that nothing here traces, is a training
+    the child runs untraced. Said once, at its first step; the hook goes with it."""
+    try:
+        from torch.optim import optimizer as optim_module
+
+        handle: Any = None
+
+        def stepped(*_: Any) -> None:
+            try:  # inside the user's optimizer.step(): nothing may escape
+                handle.remove()
+                from torch.utils.data import get_worker_info
+
+                from traceml import console
+                from traceml.capture import bootstrap, claim
+
+                from .torch_spawn import children_named
+
+                untraced = get_worker_info() is None and claim.owner() is None
+                untraced = untraced and not children_named
+                if untraced and bootstrap.active_settings() is not None:
+                    console.warn(FORKED_TRAINING)
+            except Exception:
+                pass
+
+        handle = optim_module.register_optimizer_step_pre_hook(stepped)
+    except Exception:
+        pass  # a warning that cannot be set up must not touch the child

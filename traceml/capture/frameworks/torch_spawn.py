@@ -75,14 +75,22 @@ def _always(_args: tuple[Any, ...], _kwargs: dict[str, Any]) -> bool:
 def _named(original: Any, message: str, forks: Any) -> Any:
     @functools.wraps(original)
     def launcher(*args: Any, **kwargs: Any) -> Any:
+        global children_named
         try:
             if forks(args, kwargs):
                 _warn(message)
         except Exception:
             pass  # a warning that cannot be given must not stop the user's launch
-        return original(*args, **kwargs)  # the user's errors reach the user unchanged
+        children_named = True  # inherited by the ranks it forks: they say nothing more
+        try:
+            return original(*args, **kwargs)  # the user's errors reach the user unchanged
+        finally:
+            children_named = False
 
     return launcher
+
+
+children_named = False  # True in a process forked by a launcher that named its ranks
 
 
 def _warn(message: str = MESSAGE) -> None:
