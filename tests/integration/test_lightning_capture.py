@@ -507,6 +507,7 @@ def test_a_network_in_a_submodule_called_directly_is_forward(tmp_path, second):
 
 
 EPOCH_CUT_SHORT = """
+import time
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -527,6 +528,9 @@ class Module(pl.LightningModule):
     def on_train_batch_start(self, batch, index):
         return -1 if index == 4 else None  # Lightning: skip the rest of this epoch
 
+    def on_train_epoch_end(self):
+        time.sleep(0.1)  # a checkpoint, a log flush: between steps
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -541,18 +545,27 @@ print("STEPS", trainer.global_step)
 """
 
 
-def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", "fake_cuda"])
+def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path, device):
     # on_train_batch_start returning -1 ends the epoch after that batch's fetch: the fetch
     # alone was written as a step (0.1 ms, its optimizer "did not step"), two extra steps here
-    # in the statistics and steps/s.
+    # in the statistics and steps/s. With CUDA events, dropping it left the device step open:
+    # the next step's gpu_step_ms spanned the epoch's end (a review of that fix).
     script = tmp_path / "cut_short.py"
     script.write_text(EPOCH_CUT_SHORT)
-    result = run([PYTHON, script], traced_env(tmp_path / "logs", "cut"), tmp_path)
+    extra = {}
+    if device == "fake_cuda":
+        (tmp_path / "inject").mkdir()
+        (tmp_path / "inject" / "sitecustomize.py").write_text(FAKE_CUDA)
+        extra["PYTHONPATH"] = tmp_path / "inject"
+    result = run([PYTHON, script], traced_env(tmp_path / "logs", "cut", **extra), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "STEPS 8" in result.stdout
     steps = steps_of(rank_records(tmp_path / "logs" / "cut"))
     assert [s[schema.GLOBAL_STEP] for s in steps] == list(range(1, 9))
     assert all(s.get(schema.OPTIMIZER_STEPPED, True) for s in steps)
+    if device == "fake_cuda":  # the fake device's events are on the host's clock
+        assert all(s[schema.GPU_STEP] <= s[schema.STEP] + 5.0 for s in steps), steps
 
 
 VALIDATION_MID_WINDOW = """

@@ -1,8 +1,7 @@
-"""One traced training on one rank, framework-free: what every adapter drives.
-
-An adapter (the Lightning callback, the generic torch-loop capture, the Hugging Face Trainer
-callback) knows *when* a phase begins and ends; the session knows what to do about it: the
-step clock (``step_clock``), the device timer (``cuda_timing``), the comm timer
+"""One traced training on one rank, framework-free: what every adapter drives. An adapter
+(the Lightning callback, the generic torch-loop capture, the Hugging Face Trainer callback)
+knows *when* a phase begins and ends; the session knows what to do about it: the step clock
+(``step_clock``), the device timer (``cuda_timing``), the comm timer
 (``instruments.distributed``), telemetry, worker-side input timing, and the rank file
 (``recorder``). Its parts are typed in ``session_parts``.
 
@@ -232,9 +231,11 @@ class Session:
             self.settle()  # which may find a failure or the step limit: tracing stopped
         if self.life.state is TRACING:
             now = clock_ns()
-            closed = self.clock.epoch_closed(now, global_step, epoch)
+            had, closed = self.clock.in_step, self.clock.epoch_closed(now, global_step, epoch)
             if closed is not None:
                 self._emit(closed, now)
+            elif had:  # a fetch-only window, no step: its device step goes too (cuda_timing)
+                self.abandon_step()
             self.write_input_record(epoch)
 
     def abandon_step(self) -> None:
