@@ -185,3 +185,27 @@ def test_ctrl_c_in_report_jobs_leaves_no_worker_traceback(tmp_path):
     _out, err = process.communicate(timeout=60)
     assert process.returncode == 130
     assert err.decode() == "traceml: report interrupted\n"
+
+
+def test_a_killed_reduction_worker_is_one_line_not_a_hang(tmp_path, monkeypatch, capsys):
+    # A worker of `report --jobs` killed (the OOM killer: memory grows with --jobs) hung the
+    # report forever once the pool was a multiprocessing.Pool (review of this stop's change).
+    import os
+    import signal
+
+    from traceml.analysis import reduce_rank
+
+    untouched = reduce_rank.summarise_rank
+
+    def summarise_rank(path, rank, warmup):
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return untouched(path, rank, warmup)
+
+    # Passed to the (forked) workers by name: the name must find this function.
+    summarise_rank.__module__, summarise_rank.__qualname__ = reduce_rank.__name__, "summarise_rank"
+    monkeypatch.setattr(reduce_rank, "summarise_rank", summarise_rank)
+    synthetic_run(tmp_path, ranks=2, forward=20, backward=20)
+    assert main(["report", str(tmp_path), "--jobs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "a worker process of the reduction died" in err and err.count("\n") == 1

@@ -6,6 +6,12 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from traceml.errors import OutputError
+
+
+class WorkerDied(OutputError):
+    """A worker process of the reduction was killed (the OOM killer, a signal)."""
+
 
 def _ignore_interrupt() -> None:
     # Ctrl-C reaches the terminal's whole process group: the parent stops the work and says so
@@ -13,21 +19,26 @@ def _ignore_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-class _Spread:
-    """``function(*arguments)`` from one tuple (``imap`` passes one value); picklable."""
-
-    def __init__(self, function: Callable[..., Any]) -> None:
-        self.function = function
-
-    def __call__(self, arguments: tuple[Any, ...]) -> Any:
-        return self.function(*arguments)
-
-
 def pool_map(jobs: int, function: Callable[..., Any], *arguments: Iterable[Any]) -> Iterator[Any]:
-    """``map(function, *arguments)`` over at most ``jobs`` worker processes, in order. The
-    workers are stopped when the results are read or the caller stops (an interrupt, a
-    failure): work in flight is not waited for."""
-    from multiprocessing import Pool
+    """``map(function, *arguments)`` over at most ``jobs`` worker processes, in order. A
+    worker that dies (the OOM killer) raises BrokenProcessPool here at once. When the caller
+    stops (an interrupt, a failure, a result it did not read) the work left is cancelled and
+    the workers are stopped: work in flight is not waited for."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with Pool(jobs, initializer=_ignore_interrupt) as pool:  # its exit terminates the workers
-        yield from pool.imap(_Spread(function), zip(*arguments, strict=True))
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_interrupt)
+    finished = False
+    try:
+        yield from pool.map(function, *arguments)
+        finished = True
+    except BrokenProcessPool:
+        raise WorkerDied(
+            "a worker process of the reduction died (killed; out of memory?): each holds one "
+            "rank's steps, so run it again with fewer --jobs (--jobs 1: none)"
+        ) from None
+    finally:
+        if not finished:
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.terminate()  # (a private table: at worst, in-flight work finishes)
+        pool.shutdown(wait=finished, cancel_futures=not finished)
