@@ -55,9 +55,9 @@ from .torch_loop_facts import (
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
 from .torch_loop_notes import (
-    NOTE_EVAL_FORWARD,
     NOTE_FETCH_THREAD,
     NOTE_H2D,
+    eval_mode_step,
     finish_notes,
     name_forked_training,
     refuse,
@@ -82,6 +82,7 @@ class LoopCapture:
         self.fetches = Fetches()  # fetches not yet known to feed a training forward
         self._fetch_thread: int | None = None  # the last fetch's (not the loop's: a prefetcher)
         self._backward_done = self.backward_seen = False
+        self._eval_grad, self.eval_steps = False, 0  # forwards in eval(), grads on: see notes
         self._unfed = False  # the open microbatch began with no fetch, after a step had ended
         self._in_step = False  # inside the step optimizer's step (its pre-hook, not yet post)
         self._deferred = self._proven = False  # Lightning loaded: a loop, once it stepped
@@ -96,8 +97,7 @@ class LoopCapture:
     def install(self) -> None:
         self.hooks.install()
         claim.register_stand_by(self.stand_down)
-        # A forked child (a DataLoader worker) never traces: a module it calls in train mode
-        # must not reach the parent's session (its rank file descriptor is the parent's).
+        # A forked child (a DataLoader worker) never traces (the rank file is the parent's).
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -184,8 +184,11 @@ class LoopCapture:
 
     @entry_point("torch_loop.fetch", "after a DataLoader iterator's __next__ returned a batch")
     def fetched(self, iterator: Any, start: int, end: int) -> None:
-        self._fetch_thread = here = threading.get_ident()
-        if self.thread is not None and here != self.thread:
+        here = threading.get_ident()
+        elsewhere = self.thread is not None and here != self.thread
+        if not elsewhere or self.fetches.feeds_training(iterator):  # not a monitor's loader
+            self._fetch_thread = here
+        if elsewhere:
             return
         self.fetches.fetched(iterator, start, end)
 
@@ -204,6 +207,7 @@ class LoopCapture:
         if not (module.training and torch.is_grad_enabled()) or torch.is_inference_mode_enabled():
             if self._forward_depth == 0 and self.thread in (None, threading.get_ident()):
                 self.fetches.evaluated()  # not Input Wait, unless a training forward follows
+            self._eval_grad = torch.is_grad_enabled() and not module.training
             return False
         if self.session is None:
             if self.stood_down or not self._begin(module):
@@ -333,12 +337,9 @@ class LoopCapture:
     def step_ended(self, global_step: Any = None) -> None:
         session = self.session
         if session is None or not session.clock.in_microbatch:
-            if session is not None and self._backward_done:  # a backward, and no forward seen
-                self.note_once("eval-forward", NOTE_EVAL_FORWARD)
-            return
+            return eval_mode_step(self)
         if self.steps == 0:
-            # (also where the first step's optimizer.step() was skipped, by AMP's GradScaler on
-            # an overflow, so no post-hook came: the global hooks stayed for the whole run)
+            # (also where AMP's GradScaler skipped the first optimizer.step(): no post-hook)
             self.hooks.roots_found()
         self.steps += 1
         self._backward_done = False

@@ -70,6 +70,10 @@ class Fetches:
     def train_iterators(self) -> tuple[int, ...]:
         return tuple(self._train)
 
+    def feeds_training(self, iterator: Any) -> bool:
+        """Whether ``iterator`` is one whose batches fed a training forward."""
+        return self._trains(id(iterator), iterator)
+
     def _trains(self, key: int, iterator: Any) -> bool:
         ref = self._train.get(key)
         return ref is not None and iterator is not None and ref() is iterator

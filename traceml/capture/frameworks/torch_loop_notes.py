@@ -22,6 +22,20 @@ NOTE_EVAL_FORWARD = (
 )
 
 
+def eval_mode_step(capture: Any) -> None:
+    """A step optimizer's step with no microbatch open. Named once two steps in a row came
+    after a backward fed only by forwards in eval() mode with gradients on (the model left in
+    eval() after an evaluation): one such step is a side optimization after training (a
+    temperature fitted on logits collected in eval mode), not a loop."""
+    if capture.session is None or not (capture._backward_done and capture._eval_grad):
+        capture.eval_steps = 0
+        return
+    capture._backward_done = capture._eval_grad = False
+    capture.eval_steps += 1
+    if capture.eval_steps >= 2:
+        capture.note_once("eval-forward", NOTE_EVAL_FORWARD)
+
+
 def stepped_before_any_forward(capture: Any) -> None:
     """No training forward opened the session, and an optimizer steps: nothing will (a
     module compiled in place runs its hooks inside the compiled graph, where the compiler
