@@ -454,12 +454,22 @@ class Slow(torch.nn.Module):
         return self.layer(x)
 
 
+class Metric(torch.nn.Module):
+    __module__ = "torchmetrics.image.fake"
+
+    def __init__(self):
+        super().__init__()
+        self.inception = torch.nn.Linear(64, 64)
+
+
 class Module(pl.LightningModule):
     def __init__(self):
         super().__init__()
         self.net = Slow()  # no forward of its own: training_step calls self.net(x)
         if os.environ.get("SECOND"):
             self.head = torch.nn.Linear(1, 1)
+        if os.environ.get("METRIC"):  # a metric's own network, larger (torchmetrics' FID)
+            self.metric = Metric()
 
     def training_step(self, batch, _index):
         x, y = batch
@@ -482,14 +492,14 @@ print("STEPS", trainer.global_step)
 """
 
 
-@pytest.mark.parametrize("second", ["", "1"])
-def test_a_network_in_a_submodule_called_directly_is_forward(tmp_path, second):
+@pytest.mark.parametrize(("second", "metric"), [("", ""), ("1", ""), ("", "1")])
+def test_a_network_in_a_submodule_called_directly_is_forward(tmp_path, second, metric):
     # `self.net(x)` in training_step, the LightningModule defining no forward: traceml timed
     # the LightningModule's forward, which never ran: Forward null on every step, its 20 ms in
     # Residual, and a RESIDUAL-HEAVY verdict with no word of why.
     script = tmp_path / "submodule.py"
     script.write_text(SUBMODULE_NETWORK)
-    env = traced_env(tmp_path / "logs", "sub", SECOND=second)
+    env = traced_env(tmp_path / "logs", "sub", SECOND=second, METRIC=metric)
     result = run([PYTHON, script], env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "STEPS 6" in result.stdout

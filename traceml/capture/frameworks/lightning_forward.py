@@ -21,7 +21,14 @@ def forward_module(pl_module: Any) -> Any | None:
             return None
         if _defines_forward(type(pl_module)):
             return pl_module
-        sized = [(_parameter_count(child), child) for child in pl_module.children()]
+        # The most parameters, frozen ones too: a frozen backbone under a trained head (linear
+        # probing) is most of the forward's time, so the smaller part is the one in Residual.
+        # A metric's network (torchmetrics' FID runs an Inception net at validation) is none.
+        sized = [
+            (_parameter_count(child), child)
+            for child in pl_module.children()
+            if not type(child).__module__.startswith("torchmetrics.")
+        ]
         sized = [(count, child) for count, child in sized if count > 0]
         return max(sized, key=lambda pair: pair[0])[1] if sized else pl_module
     except Exception:
@@ -34,7 +41,11 @@ def forward_note(pl_module: Any, module: Any) -> str | None:
     try:
         if module is pl_module or module is getattr(pl_module, "model", None):
             return None
-        names = [n for n, c in pl_module.named_children() if _parameter_count(c) > 0]
+        names = [
+            n
+            for n, c in pl_module.named_children()
+            if _parameter_count(c) > 0 and not type(c).__module__.startswith("torchmetrics.")
+        ]
         chosen = [n for n, c in pl_module.named_children() if c is module]
         if len(names) < 2 or not chosen:
             return None
