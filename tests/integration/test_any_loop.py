@@ -70,7 +70,10 @@ def assert_phases(steps: list[dict], expected: dict[str, float]) -> None:
     """The injected costs, each in its phase (median per step, the first step left out)."""
     for phase, injected in expected.items():
         measured = statistics.median(step[phase] for step in steps[1:])
-        assert abs(measured - injected) <= max(0.10 * injected, 5.0), (phase, measured, steps)
+        # Input Wait is eight 5 ms sleeps a step, each late by up to ~0.7 ms on a loaded
+        # 2-core host (seen: 45.4 ms for 40 in CI): 15% there.
+        share = 0.15 if phase == schema.INPUT_WAIT else 0.10
+        assert abs(measured - injected) <= max(share * injected, 5.0), (phase, measured, steps)
     for step in steps:
         named = sum(step.get(phase) or 0 for phase in schema.PHASES)
         assert abs(named - step[schema.STEP]) < 0.01

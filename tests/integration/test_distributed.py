@@ -97,11 +97,12 @@ def assert_straggler(summary: dict, phase: str, injected_ms: float) -> None:
     assert evidence["method"] == "waits"
     assert evidence["cause_phase"] == phase, summary["_text"]
     # The injected cost lands in the named phase within 10% (or 5 ms). The whole-step cost
-    # carries every other phase's noise as well (two ranks share two cores here): looser.
+    # carries every other phase's noise as well (two ranks share two cores here): looser
+    # (seen at 26% in a CI run on a host 2.4x slower than usual).
     assert abs(evidence["excess_ms"][phase] - injected_ms) <= max(0.10 * injected_ms, 5.0), summary[
         "_text"
     ]
-    assert abs(evidence["cost_ms_per_step"] - injected_ms) <= max(0.25 * injected_ms, 5.0), summary[
+    assert abs(evidence["cost_ms_per_step"] - injected_ms) <= max(0.30 * injected_ms, 5.0), summary[
         "_text"
     ]
     # The per-rank table marks the rank with the most own time, not the longest step.

@@ -74,8 +74,8 @@ def test_activation_with_traceml(installed, tmp_path):
     assert result.stdout.splitlines() == [
         "traceml loaded: True",
         "active: True",
-        "waiting on: ['lightning.pytorch', 'pytorch_lightning', 'rfdetr.training', 'torch', "
-        "'transformers.trainer']",
+        "waiting on: ['accelerate.launchers', 'lightning.pytorch', 'pytorch_lightning', "
+        "'rfdetr.training', 'torch', 'transformers.trainer']",
     ]
     assert not (tmp_path / "logs").exists()  # activation alone writes nothing
 

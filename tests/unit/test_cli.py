@@ -173,8 +173,12 @@ def test_ctrl_c_in_report_jobs_leaves_no_worker_traceback(tmp_path):
     step = dict(forward=30, backward=60, input=4)
     write_run(tmp_path / "run", [[step] * 60000, [step] * 10, [step] * 10])
     command = [sys.executable, "-m", "traceml", "report", str(tmp_path / "run"), "--jobs", "2"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    process = subprocess.Popen(  # SIGINT at its default: CI runs the suite with it ignored
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while len(psutil.Process(process.pid).children()) < 2 and time.monotonic() < deadline:
