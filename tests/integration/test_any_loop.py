@@ -257,6 +257,8 @@ def test_ranks_started_by_torch_multiprocessing_spawn_are_named_untraced(tmp_pat
 
 
 NOTEBOOK = """
+import os
+
 import torch
 from accelerate import Accelerator, notebook_launcher
 
@@ -273,7 +275,8 @@ def train():
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
-    print("RANK", accelerator.process_index, "DONE", flush=True)
+    # One write of a whole line: two forked ranks' print()s can interleave on the one pipe.
+    os.write(1, f"RANK {accelerator.process_index} DONE\\n".encode())
 
 
 if __name__ == "__main__":
