@@ -44,10 +44,10 @@ def _thresholds(args: argparse.Namespace) -> dict[str, float]:
     ``traceml run`` read them, with each --threshold given on top."""
     import os
 
-    from traceml.settings import ENV_THRESHOLD_PREFIX, SettingsError, parse_threshold_env
+    from traceml.settings import SettingsError, parse_threshold_env, threshold_variables
 
     given = _threshold_overrides(args.threshold)
-    replaced = {ENV_THRESHOLD_PREFIX + name.upper() for name in given}  # not read, as in run
+    replaced = threshold_variables(given)  # not read, as in run
     try:
         from_env = parse_threshold_env({k: v for k, v in os.environ.items() if k not in replaced})
     except SettingsError as exc:

@@ -31,7 +31,6 @@ from traceml.settings import (
     ENV_REPORT,
     ENV_REPORT_WAIT_S,
     ENV_RUN_NAME,
-    ENV_THRESHOLD_PREFIX,
     ENV_TRACE_MAX_STEPS,
     Settings,
     SettingsError,
@@ -40,6 +39,7 @@ from traceml.settings import (
     make_launch_stamp,
     settings_to_env,
     stamped_run_name,
+    threshold_variables,
 )
 from traceml.versions import package_versions
 
@@ -118,7 +118,7 @@ def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Set
     # (TRACEML_REPORT_WAIT_S: a direct launch's; the launcher reports itself, --report-wait)
     replaced = {name for name, option in given.items() if option}
     replaced.update((ENV_LAUNCHER, ENV_REPORT_WAIT_S))
-    replaced.update(ENV_THRESHOLD_PREFIX + name.upper() for name in thresholds)
+    replaced.update(threshold_variables(thresholds))
     environ = {key: value for key, value in os.environ.items() if key not in replaced}
     try:
         env = load_settings(environ, argv=[sys.executable])

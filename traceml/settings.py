@@ -21,7 +21,7 @@ from traceml_bootstrap import OFF_VALUES
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, MutableMapping, Sequence
+    from collections.abc import Iterable, Mapping, MutableMapping, Sequence
     from pathlib import Path
 
 ENV_ENABLE = "TRACEML"
@@ -238,6 +238,12 @@ def _parse_seconds(name: str, raw: str, default: float) -> float:
     if not 0 <= number < float("inf"):  # (inf: a rank 0 waiting for a crashed rank forever)
         raise SettingsError(f"{name}={raw!r} must be a finite number of seconds, zero or more")
     return number
+
+
+def threshold_variables(names: Iterable[str]) -> set[str]:
+    """The TRACEML_THRESHOLD_* variables that options for ``names`` replace: a command given
+    ``--threshold NAME=VALUE`` does not read them, so a bad one there is no error."""
+    return {ENV_THRESHOLD_PREFIX + name.upper() for name in names}
 
 
 def parse_threshold_env(environ: Mapping[str, str]) -> dict[str, float]:

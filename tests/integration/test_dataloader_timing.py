@@ -174,56 +174,14 @@ def test_a_killed_training_leaves_no_counters_file(tmp_path):
     assert not list(shm.glob(mine + "*"))
 
 
-RELOADING = """
-import lightning.pytorch as pl
-import psutil
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Module(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.layer(x)
-
-    def training_step(self, batch, _index):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self(x), y)
-
-    def train_dataloader(self):
-        data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-        return DataLoader(data, batch_size=4, num_workers=2)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-class Count(pl.Callback):  # runs before traceml's own hook, as the user's callbacks do
-    def on_train_epoch_start(self, trainer, pl_module):
-        alive = len(psutil.Process().children(recursive=True))
-        print("EPOCH", trainer.current_epoch, "CHILDREN", alive, flush=True)
-
-
-trainer = pl.Trainer(
-    max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False,
-    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-    reload_dataloaders_every_n_epochs=1, callbacks=[Count()],
-)
-trainer.fit(Module())
-"""
-
-
 def test_reloaded_dataloaders_leave_no_old_workers_and_say_what_is_timed(tmp_path):
     # traceml held the previous epoch's fetcher until its next hook: its workers were alive
     # (4 processes, not 2) when the new epoch began, and their shutdown was traceml's cost.
     # The input breakdown covered the first epoch's DataLoader only, silently.
-    script = tmp_path / "reloading.py"
-    script.write_text(RELOADING)
-    plain = run([PYTHON, script], clean_env(), tmp_path)
-    traced = run([PYTHON, script], traced_env(tmp_path / "logs", "traced"), tmp_path)
+    script = SCRIPTS / "lightning_shapes.py"
+    plain = run([PYTHON, script], clean_env(SHAPE="reloading"), tmp_path)
+    env = traced_env(tmp_path / "logs", "traced", SHAPE="reloading")
+    traced = run([PYTHON, script], env, tmp_path)
     assert plain.returncode == traced.returncode == 0, traced.stderr[-3000:]
     counts = [line for line in traced.stdout.splitlines() if line.startswith("EPOCH")]
     assert counts == [line for line in plain.stdout.splitlines() if line.startswith("EPOCH")]

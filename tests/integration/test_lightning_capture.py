@@ -14,6 +14,7 @@ from traceml.capture.rss import RSS_EVERY_NS
 
 from procs import (
     PYTHON,
+    SCRIPTS,
     TINY,
     clean_env,
     rank_records,
@@ -25,6 +26,8 @@ from procs import (
     warning_lines,
 )
 from rankfiles import lines_as_written
+
+SHAPES = SCRIPTS / "lightning_shapes.py"  # Lightning fits of unusual shapes, chosen by SHAPE
 
 
 def traced(tmp_path, **tiny):
@@ -516,59 +519,18 @@ def test_a_network_in_a_submodule_called_directly_is_forward(tmp_path, second, m
         assert "self.head count as Residual" in named[0]
 
 
-EPOCH_CUT_SHORT = """
-import time
-import lightning.pytorch as pl
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Module(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.layer(x)
-
-    def training_step(self, batch, _index):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self(x), y)
-
-    def on_train_batch_start(self, batch, index):
-        return -1 if index == 4 else None  # Lightning: skip the rest of this epoch
-
-    def on_train_epoch_end(self):
-        time.sleep(0.1)  # a checkpoint, a log flush: between steps
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-data = TensorDataset(torch.randn(36, 4), torch.randn(36, 1))
-trainer = pl.Trainer(
-    max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-)
-trainer.fit(Module(), DataLoader(data, batch_size=4))
-print("STEPS", trainer.global_step)
-"""
-
-
 @pytest.mark.parametrize("device", ["cpu", "fake_cuda"])
 def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path, device):
     # on_train_batch_start returning -1 ends the epoch after that batch's fetch: the fetch
     # alone was written as a step (0.1 ms, its optimizer "did not step"), two extra steps here
     # in the statistics and steps/s. With CUDA events, dropping it left the device step open:
     # the next step's gpu_step_ms spanned the epoch's end (a review of that fix).
-    script = tmp_path / "cut_short.py"
-    script.write_text(EPOCH_CUT_SHORT)
-    extra = {}
+    extra = {"SHAPE": "cut_short"}
     if device == "fake_cuda":
         (tmp_path / "inject").mkdir()
         (tmp_path / "inject" / "sitecustomize.py").write_text(FAKE_CUDA)
         extra["PYTHONPATH"] = tmp_path / "inject"
-    result = run([PYTHON, script], traced_env(tmp_path / "logs", "cut", **extra), tmp_path)
+    result = run([PYTHON, SHAPES], traced_env(tmp_path / "logs", "cut", **extra), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "STEPS 8" in result.stdout
     steps = steps_of(rank_records(tmp_path / "logs" / "cut"))
@@ -578,52 +540,11 @@ def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path, device):
         assert all(s[schema.GPU_STEP] <= s[schema.STEP] + 5.0 for s in steps), steps
 
 
-VALIDATION_MID_WINDOW = """
-import time
-import lightning.pytorch as pl
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Module(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.layer(x)
-
-    def training_step(self, batch, _index):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self(x), y)
-
-    def validation_step(self, batch, _index):
-        time.sleep(0.03)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-def loader(batches):
-    return DataLoader(TensorDataset(torch.randn(4 * batches, 4), torch.randn(4 * batches, 1)), 4)
-
-
-trainer = pl.Trainer(
-    max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    accumulate_grad_batches=4, val_check_interval=2, limit_val_batches=2,
-)
-trainer.fit(Module(), loader(16), loader(2))
-print("STEPS", trainer.global_step)
-"""
-
-
 def test_validation_inside_an_accumulation_window_is_not_the_steps_residual(tmp_path):
     # val_check_interval=2 with 4 microbatches a step: each validation (60 ms) ran between two
     # microbatches of an open step and was its Residual (steps of ~70 ms for ~10).
-    script = tmp_path / "mid_window.py"
-    script.write_text(VALIDATION_MID_WINDOW)
-    result = run([PYTHON, script], traced_env(tmp_path / "logs", "mid"), tmp_path)
+    env = traced_env(tmp_path / "logs", "mid", SHAPE="mid_window")
+    result = run([PYTHON, SHAPES], env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "STEPS 4" in result.stdout
     steps = steps_of(rank_records(tmp_path / "logs" / "mid"))

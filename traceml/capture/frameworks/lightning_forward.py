@@ -23,13 +23,7 @@ def forward_module(pl_module: Any) -> Any | None:
             return pl_module
         # The most parameters, frozen ones too: a frozen backbone under a trained head (linear
         # probing) is most of the forward's time, so the smaller part is the one in Residual.
-        # A metric's network (torchmetrics' FID runs an Inception net at validation) is none.
-        sized = [
-            (_parameter_count(child), child)
-            for child in pl_module.children()
-            if not type(child).__module__.startswith("torchmetrics.")
-        ]
-        sized = [(count, child) for count, child in sized if count > 0]
+        sized = [(_parameter_count(child), child) for _, child in _candidates(pl_module)]
         return max(sized, key=lambda pair: pair[0])[1] if sized else pl_module
     except Exception:
         return None
@@ -41,11 +35,7 @@ def forward_note(pl_module: Any, module: Any) -> str | None:
     try:
         if module is pl_module or module is getattr(pl_module, "model", None):
             return None
-        names = [
-            n
-            for n, c in pl_module.named_children()
-            if _parameter_count(c) > 0 and not type(c).__module__.startswith("torchmetrics.")
-        ]
+        names = [name for name, _ in _candidates(pl_module)]
         chosen = [n for n, c in pl_module.named_children() if c is module]
         if len(names) < 2 or not chosen:
             return None
@@ -56,6 +46,16 @@ def forward_note(pl_module: Any, module: Any) -> str | None:
         )
     except Exception:
         return None
+
+
+def _candidates(pl_module: Any) -> list[tuple[str, Any]]:
+    """The submodules that may be Forward: those with parameters, a metric's network never
+    (torchmetrics' FID runs an Inception net at validation)."""
+    return [
+        (name, child)
+        for name, child in pl_module.named_children()
+        if not type(child).__module__.startswith("torchmetrics.") and _parameter_count(child) > 0
+    ]
 
 
 def _defines_forward(cls: type) -> bool:

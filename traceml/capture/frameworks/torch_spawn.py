@@ -33,14 +33,9 @@ def name_spawned_ranks() -> None:
     original = getattr(module, "start_processes", None)
     if original is None or original in _OURS:
         return
-
-    @functools.wraps(original)
-    def start_processes(*args: Any, **kwargs: Any) -> Any:
-        _warn()
-        return original(*args, **kwargs)  # the user's errors reach the user unchanged
-
-    _OURS.add(start_processes)
-    module.start_processes = start_processes  # type: ignore[union-attr]
+    wrapper = _named(original, MESSAGE, _always)
+    _OURS.add(wrapper)
+    module.start_processes = wrapper  # type: ignore[union-attr]
 
 
 FORKED = (
