@@ -56,15 +56,21 @@ _HOOK_DICTS = (
 
 
 def add_forward_hooks(
-    module: Any, pre: Callable[..., Any], post: Callable[..., Any], *, always_call: bool = False
+    module: Any,
+    pre: Callable[..., Any],
+    post: Callable[..., Any],
+    *,
+    always_call: bool = False,
+    first: bool = False,
 ) -> Callable[[], None]:
-    """Register ``pre``/``post`` as forward hooks on ``module``; return their undo."""
-    handles = [module.register_forward_pre_hook(pre)]
+    """Register ``pre``/``post`` as forward hooks on ``module`` (``first``: before the hooks
+    it has, as global hooks run); return their undo."""
+    # (keywords only where asked: torch before 2.1 has no always_call)
+    pre_kwargs = {"prepend": True} if first else {}
+    post_kwargs = {**pre_kwargs, **({"always_call": True} if always_call else {})}
+    handles = [module.register_forward_pre_hook(pre, **pre_kwargs)]
     try:
-        if always_call:
-            handles.append(module.register_forward_hook(post, always_call=True))
-        else:  # no keyword: torch before 2.1 has no always_call
-            handles.append(module.register_forward_hook(post))
+        handles.append(module.register_forward_hook(post, **post_kwargs))
     except BaseException:
         handles[0].remove()  # no half-installed pair left behind
         raise

@@ -37,7 +37,6 @@ from typing import Any
 
 from traceml import schema
 from traceml.capture import claim
-from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import TRACING
 from traceml.capture.session import Session
@@ -54,8 +53,8 @@ from .torch_loop_facts import (
 )
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
+from .torch_loop_input import microbatch_fed
 from .torch_loop_notes import (
-    NOTE_FETCH_THREAD,
     NOTE_H2D,
     eval_mode_step,
     finish_notes,
@@ -83,6 +82,8 @@ class LoopCapture:
         self._fetch_thread: int | None = None  # the last fetch's (not the loop's: a prefetcher)
         self._backward_done = self.backward_seen = False
         self._eval_grad, self.eval_steps = False, 0  # forwards in eval(), grads on: see notes
+        self.unfed_steps = 0  # step optimizer's steps with no microbatch (see notes)
+        self.window_fed = False  # the open step's first microbatch took a DataLoader fetch
         self._unfed = False  # the open microbatch began with no fetch, after a step had ended
         self._in_step = False  # inside the step optimizer's step (its pre-hook, not yet post)
         self._deferred = self._proven = False  # Lightning loaded: a loop, once it stepped
@@ -193,11 +194,11 @@ class LoopCapture:
         self.fetches.fetched(iterator, start, end)
 
     @entry_point("torch_loop.epoch_end", "a DataLoader iterator ran out (StopIteration)")
-    def iterator_exhausted(self, iterator: Any) -> None:
+    def iterator_exhausted(self, iterator: Any, start: int = 0, end: int = 0) -> None:
         # The epoch ends at the next training forward fed by a fetch made after this: a
         # prefetching loader (Accelerate's) sees StopIteration one batch before the loop does.
         if self.tracing and threading.get_ident() == self.thread:
-            self.fetches.exhausted(iterator)
+            self.fetches.exhausted(iterator, start, end)
 
     @entry_point("torch_loop.forward_pre_hook", "before the outermost module call")
     def forward_started(self, module: Any) -> bool:
@@ -240,15 +241,7 @@ class LoopCapture:
         elif clock.in_microbatch:
             session.batch_ended(self.steps, self.epoch)  # no optimizer step: accumulation
         fetches.take(pending)
-        if pending is not None:
-            session.fetched(pending[1], pending[1] + pending[2])
-        elif fetches.train_iterators and self._fetch_thread == self.thread:
-            now = clock_ns()  # fetched with an earlier microbatch (the HF Trainer)
-            session.fetched(now, now)
-        else:  # no DataLoader fed training yet, or one read in another thread: null, not 0
-            if self._fetch_thread not in (None, self.thread):
-                self.note_once("fetch-thread", NOTE_FETCH_THREAD)
-            session.fetched(None, clock_ns())
+        microbatch_fed(self, session, pending)
         self._backward_done = False
 
     @entry_point("torch_loop.forward_hook", "after the outermost module call")
@@ -342,7 +335,7 @@ class LoopCapture:
             # (also where AMP's GradScaler skipped the first optimizer.step(): no post-hook)
             self.hooks.roots_found()
         self.steps += 1
-        self._backward_done = False
+        self._backward_done = self.window_fed = False
         session.batch_ended(self.steps if global_step is None else global_step, self.epoch)
 
     def _is_step_optimizer(self, optimizer: Any, finished: bool = False) -> bool:
@@ -363,7 +356,7 @@ class LoopCapture:
     def abandon_step(self) -> None:
         """The open step is not a step (the framework starts its loop over)."""
         self.fetches.drop()
-        self._backward_done = False
+        self._backward_done = self.window_fed = False
         self._backward_depth = self._forward_depth = 0
         if self.session is not None:
             self.session.abandon_step()

@@ -57,6 +57,7 @@ class Fetches:
         self._train: dict[int, Any] = {}  # id -> weak reference, of the training iterators
         self._primary_loader: int | None = None
         self._primary: Any = None  # weak reference to the primary training iterator
+        self._primary_takes = 0  # training forwards that took from it
         self._ran_out = False  # the primary training iterator raised StopIteration
         # id -> weak reference, of the iterators whose first batch began a pass that turns the
         # epoch when a training forward takes from it
@@ -69,6 +70,14 @@ class Fetches:
     @property
     def train_iterators(self) -> tuple[int, ...]:
         return tuple(self._train)
+
+    def training_alive(self) -> bool:
+        """Whether an iterator that fed training may still feed it (alive, not run out)."""
+        primary = self._primary() if self._primary is not None else None
+        return any(
+            it is not None and not (self._ran_out and it is primary)
+            for it in (ref() for ref in self._train.values())
+        )
 
     def feeds_training(self, iterator: Any) -> bool:
         """Whether ``iterator`` is one whose batches fed a training forward."""
@@ -96,13 +105,24 @@ class Fetches:
         else:
             held[key] = [weakref.ref(iterator), start, end - start, loader]
 
-    def exhausted(self, iterator: Any) -> None:
+    def exhausted(self, iterator: Any, start: int = 0, end: int = 0) -> None:
+        """``iterator`` raised StopIteration, from ``start`` to ``end`` (its workers' shutdown):
+        a wait for the next training forward, where the loop fetches ahead (Accelerate's
+        loader: the last batch is trained on after this); else in the gap, dropped with the
+        next pass's first batch."""
         key = id(iterator)
+        entry = self._held.get(key)
+        if entry is not None and entry[_REF]() is iterator:
+            entry[_NS] += end - start
         if self._trains(key, iterator):
             if self._primary is not None and self._primary() is iterator:
                 self._ran_out = True
+                # Fewer forwards took from it than it yielded: the loop holds a batch it
+                # fetched ahead, and trains on it next (else the epoch is over: the gap).
+                yielded = getattr(iterator, "_num_yielded", 0)
+                if entry is None and self._primary_takes < yielded:
+                    self._held[key] = [self._primary, start, end - start, _loader_key(iterator)]
             return
-        entry = self._held.get(key)
         if entry is not None and entry[_LOADER] == self._primary_loader:
             # A pass over the training loader that ran out before a forward took from it (an
             # epoch no longer than what Accelerate / the HF Trainer fetch ahead): kept.
@@ -161,6 +181,9 @@ class Fetches:
             self._train = {key: entries[key][_REF] for key in taken[0] if key in entries}
             first = entries.get(taken[0][0])
             if first is not None:
+                # (one weak reference per live iterator: CPython hands out the same one)
+                same = first[_REF] is self._primary
+                self._primary_takes = self._primary_takes + 1 if same else 1
                 self._primary, self._primary_loader = first[_REF], first[_LOADER]
         self._held = {}
         self._evaluated = None

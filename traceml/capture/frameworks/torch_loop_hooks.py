@@ -55,6 +55,7 @@ class LoopHooks:
         self._forward_handles: list[Any] = []
         self._inert = False  # the global hooks left registered, doing nothing (see remove)
         self.maybe_compiled_in_place = False  # no training forward seen (model.compile())
+        self.optimizer_calls = 0  # optimizer.step() calls begun (GradScaler: did it skip?)
         self._undo: list[Any] = []
 
     def install(self) -> None:
@@ -129,11 +130,16 @@ class LoopHooks:
         def after() -> None:
             post(None, None, None)
 
+        # The root's own forward hooks (the user's): where it has some, traceml's hooks go
+        # first, as the global ones did in the first step, so every step counts them alike
+        # (its pre-hooks in Forward, its post-hooks after it); a door would leave them all out.
+        if getattr(root, "_forward_pre_hooks", None) or getattr(root, "_forward_hooks", None):
+            return add_forward_hooks(root, pre, post, always_call=True, first=True)
         # (A class copying itself by __deepcopy__ / __reduce__ is fine here: the door leaves
         # the instance as it is, so no copy can carry it.)
         undo = wrap_forward(root, before, after, on_instance=False)
         if undo is None:
-            undo = add_forward_hooks(root, pre, post, always_call=True)
+            undo = add_forward_hooks(root, pre, post, always_call=True, first=True)
         return undo
 
     # -- optimizer -------------------------------------------------------------------------
@@ -144,6 +150,7 @@ class LoopHooks:
         # rank file's "no optimizer step" note, as a step compiled into one graph).
         if _compiling():
             return
+        self.optimizer_calls += 1
         # (``args`` starts with the optimizer itself; Accelerate's wrapper passes closure=None
         # positionally: only a closure counts)
         if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
@@ -199,7 +206,7 @@ class LoopHooks:
             try:
                 batch = original(self)  # the user's errors and StopIteration pass through
             except StopIteration:
-                capture.iterator_exhausted(self)
+                capture.iterator_exhausted(self, start, clock_ns())
                 raise
             capture.fetched(self, start, clock_ns())
             return batch
@@ -222,13 +229,15 @@ class LoopHooks:
 
         scaler_class = grad_scaler.GradScaler
         original = scaler_class.__dict__["step"]
-        capture = self.capture
+        capture, hooks = self.capture, self
 
         @functools.wraps(original)
         def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            before = capture.steps
+            # Skipped: optimizer.step() was not called. (Not "no step ended": with one scaler
+            # for two optimizers, the one whose step ends no step is no skip; review.)
+            before = hooks.optimizer_calls
             result = original(self, optimizer, *args, **kwargs)
-            if capture.steps == before:
+            if hooks.optimizer_calls == before:
                 capture.scaler_skipped(optimizer)
             return result
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from traceml.capture.lifecycle import DISABLED, UNSUPPORTED
+
 from .torch_loop_facts import rfdetr_loaded
 
 NOTE_H2D = (
@@ -15,6 +17,16 @@ NOTE_FETCH_THREAD = (
     "the training DataLoader is read in another thread (a background prefetcher): Input Wait "
     "is not measured (null), the loop's wait for a batch is in the gap between steps, and "
     "epochs are not counted"
+)
+NOTE_FETCH_STOPPED = (
+    "some steps' batches did not come from a torch DataLoader (a generator after the first "
+    "epoch, itertools.cycle replaying saved batches): their Input Wait is not measured (null)"
+)
+UNFED = (
+    "{count} optimizer steps after the first traced one were fed by no forward traceml times "
+    "(a side optimization after training, such as a temperature fitted on saved logits; or a "
+    "new model trained after the first one, whose forwards traceml does not find after the "
+    "first step): they are not traced"
 )
 NOTE_EVAL_FORWARD = (
     "optimizer steps came after a backward with no training forward seen (the model left in "
@@ -27,8 +39,11 @@ def eval_mode_step(capture: Any) -> None:
     after a backward fed only by forwards in eval() mode with gradients on (the model left in
     eval() after an evaluation): one such step is a side optimization after training (a
     temperature fitted on logits collected in eval mode), not a loop."""
-    if capture.session is None or not (capture._backward_done and capture._eval_grad):
+    if capture.session is None:
+        return
+    if not (capture._backward_done and capture._eval_grad):
         capture.eval_steps = 0
+        capture.unfed_steps += 1  # fed by no forward traceml times: named at the end
         return
     capture._backward_done = capture._eval_grad = False
     capture.eval_steps += 1
@@ -80,7 +95,10 @@ def finish_notes(capture: Any) -> None:
             "no loss.backward() was seen (gradients from torch.autograd.grad?): Backward is "
             "not measured (null), its time is in Residual",
         )
-    if capture.steps == 0:
+    if capture.steps and capture.unfed_steps:
+        capture.note_once("unfed", UNFED.format(count=capture.unfed_steps), level="info")
+    if capture.steps == 0 and capture.session.life.state not in (DISABLED, UNSUPPORTED):
+        # (not where tracing was turned off: its warning said why, an L-BFGS closure step)
         capture.note_once(
             "no-step",
             "training forwards ran but no torch.optim optimizer step was seen (no optimizer, "
