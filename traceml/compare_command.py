@@ -4,6 +4,7 @@ sees (0 ok, 1 regression beyond the limit, 2 bad input, 3 inconclusive under the
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from traceml import schema
 from traceml.analysis.compare import (
     DEFAULT_NOISE_FLOOR_PCT,
     INCONCLUSIVE,
@@ -118,12 +120,24 @@ def compare_command(args: Any) -> int:
     return code
 
 
+_REPORTING = (
+    "_path",
+    schema.SUMMARY_RUN_DIR,
+    schema.SUMMARY_GENERATED_AT,
+    schema.SUMMARY_THRESHOLDS,
+    schema.SUMMARY_VERDICTS,
+    schema.SUMMARY_NOTES,
+)
+
+
 def _distinct(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The summaries of one side (or of --noise-floor-from): one run given twice would count
     as two identical runs (a spread of 0%, a floor that is no measurement)."""
     seen: dict[bytes, str] = {}
     for summary in summaries:
-        content = orjson.dumps({k: v for k, v in summary.items() if k != "_path"})
+        # What the run measured, not where or when (or with which thresholds) it was reported:
+        # a copied run directory reported again is the same run.
+        content = orjson.dumps({k: v for k, v in summary.items() if k not in _REPORTING})
         path = summary.get("_path", "?")
         if content in seen:
             raise CompareInputError(
@@ -184,6 +198,9 @@ def _check_output_is_no_input(output: str, summaries: list[dict[str, Any]]) -> N
 def _write_outputs(output: str, result: dict[str, Any], text: str) -> None:
     json_path, text_path = output_paths(output)
     try:
+        for path in (json_path, text_path):  # before either is written: both or neither
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a directory, not a file name")
         json_path.parent.mkdir(parents=True, exist_ok=True)
         for path in (json_path, text_path):
             if path.exists():

@@ -40,6 +40,12 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+def text_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as text any UTF-8 writer takes (JSON, HTML, a terminal): the bytes of a name
+    that are not UTF-8, which Python holds as lone surrogates, as ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def display_path(path: Path) -> str:
     """``path`` relative to the current directory when inside it, quoted for a shell."""
     path = Path(path)

@@ -1,6 +1,7 @@
 """traceml report and the CLI's error handling (in-process, no torch)."""
 
 import json
+import os
 
 import pytest
 
@@ -213,3 +214,34 @@ def test_a_killed_reduction_worker_is_one_line_not_a_hang(tmp_path, monkeypatch,
     assert main(["report", str(tmp_path), "--jobs", "2"]) == 2
     err = capsys.readouterr().err
     assert "a worker process of the reduction died" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "x", "--jobs", "many"],
+        ["report", "x", "--jobs", "-3"],
+        ["report", "x", "--wait", "nan"],
+        ["compare", "a.json", "b.json", "--fail-on-regression", "abc"],
+        ["report", "x", "--args", "bogus"],
+        ["compare", "a.json", "b.json", "--args", "--fail-on-regression", "5"],
+    ],
+)
+def test_a_usage_error_is_one_line_exit_2(argv, capsys):
+    # argparse printed its usage block first (4 to 8 lines); and --args, which only `run`
+    # has, silently dropped what followed it elsewhere: a CI gate given after it was off.
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err and "--help" in err, err
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_reported(tmp_path, capsys):
+    # Its name reached the summary's JSON as lone surrogates: exit 70 and a traceback.
+    run_dir = tmp_path / os.fsdecode(b"bad\xffname")
+    synthetic_run(run_dir, forward=20, backward=20)
+    assert main(["report", str(run_dir)]) == 0
+    summary = json.loads((run_dir / "final_summary.json").read_bytes())
+    assert summary["run_dir"].endswith("bad\\xffname")
+    assert "bad\\xffname" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """traceml compare over summaries made from synthetic records."""
 
 import json
+import shutil
 
 import orjson
 import pytest
@@ -539,3 +540,51 @@ def test_missing_setup_values_are_words_not_none(tmp_path, capsys):
     assert "world size: unknown -> 1" in out
     assert "trace-max-steps: not set -> 200" in out
     assert "different world sizes (unknown vs 1)" in out
+
+
+def test_a_run_reported_again_from_a_copy_is_still_the_same_run(tmp_path, capsys):
+    # A review: the copy's summary differs in run_dir and generated_at only, and three
+    # "identical runs" made a noise floor of one run (review, stop 59).
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    shutil.copytree(tmp_path / "a", tmp_path / "a2")
+    summarise(tmp_path / "a2")
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(a.read_bytes())
+    summarise(tmp_path / "a")  # generated again: a new time stamp
+    assert main(["compare", "--noise-floor-from", str(saved), str(a), str(tmp_path / "a2")]) == 2
+    err = capsys.readouterr().err
+    assert "is the same run as" in err and err.count("\n") == 1
+
+
+def test_a_world_size_of_the_wrong_type_is_refused(tmp_path, capsys):
+    # "world_size": "1" gave "different world sizes (1 vs 1)" and "Setup differences: none".
+    a, summary = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(orjson.dumps({**summary, schema.WORLD_SIZE: "1"}))
+    assert main(["compare", str(bad), str(a)]) == 2
+    err = capsys.readouterr().err
+    assert 'world_size is "1", not a whole number' in err and err.count("\n") == 1
+
+
+def test_an_output_that_cannot_be_written_leaves_neither_file(tmp_path, capsys):
+    # The .json was written, then the .txt (a directory) failed: half an output left.
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    (tmp_path / "out.txt").mkdir()
+    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "out.txt is a directory" in err and err.count("\n") == 1
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_noise_floor_set_of_mixed_setups_is_named_without_sides(tmp_path, capsys):
+    runs = [
+        make_summary(tmp_path / n, steps=40, seed=s, **BASE)[0] for n, s in (("a", 1), ("b", 2))
+    ]
+    wide, summary = make_summary(tmp_path / "c", steps=40, seed=3, **BASE)
+    summary[schema.WORLD_SIZE] = 2
+    wide.write_bytes(orjson.dumps(summary))
+    assert main(["compare", "--noise-floor-from", *map(str, runs), str(wide)]) == 2
+    err = capsys.readouterr().err
+    assert "the runs differ in world sizes (1, 1, 2)" in err, err
+    assert "the B runs" not in err

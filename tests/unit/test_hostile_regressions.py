@@ -310,3 +310,17 @@ def test_compare_with_a_null_job_series_mean_is_exit_2_or_a_note(tmp_path, capsy
     captured = capsys.readouterr()
     assert code in (0, 1, 3) and "Traceback" not in captured.err
     assert "Backward" in captured.out
+
+
+def test_a_damaged_line_in_the_middle_says_how_many_steps_went_with_it(tmp_path, capsys):
+    # The footer counts the steps written; a rows line cut in the middle of the file took 20
+    # steps with it, and the note said only "1 unreadable lines skipped" (review, stop 59).
+    write_rank(tmp_path, 0, [header(), *steps(30, forward=5), footer(30)])
+    path = tmp_path / "ranks" / "rank_0.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[12] = lines[12][: len(lines[12]) // 2]
+    path.write_bytes(b"\n".join(lines))
+    code, _out, _err = report(tmp_path, capsys)
+    assert code == 0
+    notes = " ".join(orjson.loads((tmp_path / schema.SUMMARY_JSON).read_bytes())["notes"])
+    assert "1 unreadable lines skipped, with 1 of the 30 steps the rank wrote" in notes, notes

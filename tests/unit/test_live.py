@@ -6,6 +6,7 @@ import fcntl
 import os
 import struct
 import termios
+import time
 from pathlib import Path
 
 import orjson
@@ -468,3 +469,24 @@ def test_plain_lines_come_once_warmed_up_on_changes_and_every_interval():
     assert schedule.due(verdict, 4.0)  # the provisional verdict at once
     assert not schedule.due(verdict, 33.0)
     assert schedule.due(verdict, 34.0)  # then every interval
+
+
+def test_a_rank_this_host_cannot_check_ends_once_its_file_is_old(tmp_path):
+    # Another host's rank (or a file with no header): the watch waited forever on logs copied
+    # from a cluster, though `traceml report` read them at once (review, stop 59).
+    rank_path(tmp_path, 0).write_bytes(line(header(0, 2)) + steps_bytes(0, 3))
+    rank_path(tmp_path, 1).write_bytes(b"")
+    now = [100.0]
+    follower = RunFollower(tmp_path, clock=lambda: now[0])  # testhost: not this host
+    follower.poll()
+    now[0] += 60
+    follower.poll()
+    assert not follower.finished()  # written a minute ago: it may be in a long validation
+    old = time.time() - 700
+    for rank in (0, 1):
+        os.utime(rank_path(tmp_path, rank), (old, old))
+    follower.poll()
+    assert follower.ranks[0].dead and follower.ranks[1].dead
+    now[0] += 10
+    follower.poll()
+    assert follower.finished()

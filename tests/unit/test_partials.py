@@ -299,3 +299,21 @@ def test_merging_stored_node_series_shortcuts_nothing_that_counts():
         assert fast.counts == slow.counts and fast.totals == slow.totals
         assert fast.job_values() == slow.job_values()
     assert fast.uniform == {schema.STEP: 6, schema.FORWARD: 6}  # the last order: one span
+
+
+@pytest.mark.parametrize("damage", ["sketches", "timeline", "telemetry"])
+def test_a_partial_with_a_damaged_structure_is_not_trusted(tmp_path, damage):
+    # Stamps intact, a string where the merge reads a dict: exit 70 (review, stop 59).
+    run_dir = tmp_path / "run"
+    write_layout(run_dir, steps=40)
+    for node in range(NODES):
+        reduce_node(run_dir, node, WARMUP)
+    partial = orjson.loads(partial_path(run_dir, 1).read_bytes())
+    part = partial["parts"][0]
+    if damage == "sketches":
+        part["sketches"] = "x"
+    else:
+        part["entry"][damage] = "x"
+    partial_path(run_dir, 1).write_bytes(orjson.dumps(partial))
+    notes = merged(run_dir)[schema.SUMMARY_NOTES]
+    assert any("node_1.json: a part's figures are not numbers" in n for n in notes), notes

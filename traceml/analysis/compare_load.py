@@ -9,6 +9,7 @@ import orjson
 
 from traceml import schema
 from traceml.errors import UserError
+from traceml.files import text_path
 
 
 class CompareInputError(UserError):
@@ -52,7 +53,7 @@ def check_summary(data: Any, path: Path) -> dict[str, Any]:
     if not isinstance(data.get(schema.SUMMARY_OVERALL), dict):
         raise CompareInputError(f"{path} is a traceml summary without an 'overall' section")
     _check_numbers(data, path)
-    data["_path"] = str(path)
+    data["_path"] = text_path(path)
     return data
 
 
@@ -66,15 +67,28 @@ _NUMBERS = (
 )
 
 
+# Fields read as they are, whose type a hand edit could change into a wrong verdict or a
+# contradiction ("different world sizes (1 vs 1)") rather than a failure.
+_TYPED = (
+    ((schema.WORLD_SIZE,), int, "a whole number"),
+    ((schema.SUMMARY_SETUP, schema.WORLD_SIZE), int, "a whole number"),
+    ((schema.SUMMARY_OVERALL, schema.STEPS_PER_S), (int, float), "a number"),
+    ((schema.RUN,), str, "a string"),
+    ((schema.SUMMARY_STATUS,), str, "a string"),
+    ((schema.SUMMARY_NOTES,), list, "a list"),
+)
+
+
 def _check_numbers(data: dict[str, Any], path: Path) -> None:
     """A wrongly typed figure is one line naming it (exit 2), not a failure while printing."""
-    for keys in _NUMBERS:
+    checks = [(keys, (int, float), "a number") for keys in _NUMBERS] + list(_TYPED)
+    for keys, types, what in checks:
         node: Any = data
         for key in keys:
             node = node.get(key) if isinstance(node, dict) else None
-        if node is not None and (isinstance(node, bool) or not isinstance(node, (int, float))):
+        if node is not None and (isinstance(node, bool) or not isinstance(node, types)):
             raise CompareInputError(
-                f"{path}: {'.'.join(keys)} is {orjson.dumps(node).decode()[:40]}, not a number "
+                f"{path}: {'.'.join(keys)} is {orjson.dumps(node).decode()[:40]}, not {what} "
                 "(was the summary edited by hand?)"
             )
 

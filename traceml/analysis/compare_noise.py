@@ -20,7 +20,7 @@ from traceml import schema
 from traceml.analysis import stats
 from traceml.analysis.compare_estimate import MIN_EFFECT, pct_change, run_estimate
 from traceml.analysis.compare_load import CompareInputError
-from traceml.analysis.compare_setup import blocking_differences
+from traceml.analysis.compare_setup import setup_spread
 
 MIN_RUNS = 2  # two runs give one degree of freedom (a very wide floor); 3 or more recommended
 RECOMMENDED_RUNS = 3
@@ -44,7 +44,7 @@ def measure_noise_floor(summaries: list[dict[str, Any]]) -> NoiseFloor:
             f"--noise-floor-from needs at least {MIN_RUNS} runs of the same code "
             f"({RECOMMENDED_RUNS} or more recommended), got {len(summaries)}"
         )
-    differ = blocking_differences(summaries[:1], summaries[1:])
+    differ = setup_spread(summaries)
     if differ:
         raise CompareInputError(
             "--noise-floor-from needs runs of the same setup: " + "; ".join(differ)

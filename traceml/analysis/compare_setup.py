@@ -160,6 +160,17 @@ def blocking_differences(side_a: list[dict[str, Any]], side_b: list[dict[str, An
     return found
 
 
+def setup_spread(summaries: list[dict[str, Any]]) -> list[str]:
+    """How runs meant to be alike (a noise-floor set) differ in a setting that blocks a
+    comparison."""
+    found = []
+    for key, name in _BLOCKING_KEYS:
+        values = [_setup_value(s, key) for s in summaries]
+        if len(set(map(repr, values))) > 1:
+            found.append(f"the runs differ in {name} ({listing(values)})")
+    return found
+
+
 def listing(values: list[Any]) -> str:
     return ", ".join(as_text(v) for v in values)
 

@@ -39,7 +39,13 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
             f"{data.step_count} complete steps kept"
         )
     if data.bad_lines:
-        notes.append(f"rank {rank}: {data.bad_lines} unreadable lines skipped")
+        # A damaged line in the middle may hold many steps (a rows line): say how many went.
+        written = (data.footer or {}).get(schema.STEPS)
+        lost = written - data.step_count if type(written) is int else 0
+        notes.append(
+            f"rank {rank}: {data.bad_lines} unreadable lines skipped"
+            + (f", with {lost} of the {written} steps the rank wrote" if lost > 0 else "")
+        )
     for event in data.events:
         code = event.get(schema.CODE)
         message = event.get(schema.MESSAGE, "")

@@ -219,9 +219,35 @@ def _numbers_usable(part: dict[str, Any]) -> bool:
         and all(stats is None or _statistics_usable(stats) for stats in described.values())
         and all(isinstance(pair, list) and len(pair) == 2 for pair in sums.values())
         and all(is_number(value) for pair in sums.values() for value in pair)
+        and isinstance(part["sketches"], dict)
+        and all(_sketch_usable(sketch) for sketch in part["sketches"].values())
+        and _timeline_usable(entry.get(schema.TIMELINE))
+        and isinstance(entry.get(schema.TELEMETRY), (dict, type(None)))
         and (part["header"] is None or isinstance(part["header"], dict))
         and isinstance(part["notes"], list)
         and isinstance(part["inputs"] or [], list)
+    )
+
+
+def _sketch_usable(sketch: Any) -> bool:
+    return (
+        isinstance(sketch, list)
+        and len(sketch) == 2
+        and isinstance(sketch[0], list)
+        and all(is_number(value) for value in sketch[0])
+        and is_number(sketch[1])
+    )
+
+
+def _timeline_usable(timeline: Any) -> bool:
+    """None, or the per-rank timeline the report draws (``reduce_rank._timeline``)."""
+    if timeline is None:
+        return True
+    bins = timeline.get("bins") if isinstance(timeline, dict) else None
+    return (
+        isinstance(bins, list)
+        and is_count(timeline.get("steps_per_bin"))
+        and all(isinstance(b, dict) and all(map(_optional_number, b.values())) for b in bins)
     )
 
 

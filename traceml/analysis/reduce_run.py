@@ -36,6 +36,7 @@ from traceml.analysis.reduce_rank import (
     summarise_records,
 )
 from traceml.errors import ReduceError
+from traceml.files import text_path
 from traceml.thresholds import resolve_thresholds
 
 # Fields whose whole distribution goes into the summary (what compare needs).
@@ -69,16 +70,14 @@ def reduce_run(
     loaded = load_partials(run_dir, files, warmup)
     rest = {rank: path for rank, path in files.items() if rank not in loaded.covered}
     parts = heapq.merge(
-        sorted(loaded.parts, key=_part_rank),
-        summarise_ranks(rest, warmup, jobs),
-        key=_part_rank,
+        sorted(loaded.parts, key=_part_rank), summarise_ranks(rest, warmup, jobs), key=_part_rank
     )
     return _summary_from_parts(
         parts,
         list(files),
         limits,
-        run_name=run_dir.name,
-        run_dir=str(run_dir.resolve()),
+        run_name=text_path(run_dir.name),
+        run_dir=text_path(run_dir.resolve()),
         now=now,
         notes=skipped + loaded.notes,
         partials=loaded,

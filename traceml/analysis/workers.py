@@ -23,7 +23,9 @@ def pool_map(jobs: int, function: Callable[..., Any], *arguments: Iterable[Any])
     """``map(function, *arguments)`` over at most ``jobs`` worker processes, in order. A
     worker that dies (the OOM killer) raises BrokenProcessPool here at once. When the caller
     stops (an interrupt, a failure, a result it did not read) the work left is cancelled and
-    the workers are stopped: work in flight is not waited for."""
+    the workers are stopped: work in flight is not waited for, only the pool's own thread
+    (left running, its exit handler could find the pool's wake-up pipe closed at the
+    interpreter's exit: "Exception ignored ... Bad file descriptor" under the one line)."""
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
@@ -41,4 +43,4 @@ def pool_map(jobs: int, function: Callable[..., Any], *arguments: Iterable[Any])
         if not finished:
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.terminate()  # (a private table: at worst, in-flight work finishes)
-        pool.shutdown(wait=finished, cancel_futures=not finished)
+        pool.shutdown(wait=True, cancel_futures=not finished)

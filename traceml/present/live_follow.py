@@ -30,6 +30,11 @@ _MAX_PENDING = 1024 * 1024
 # A rank file that has not grown for this long, whose process is gone, is a dead rank; a
 # rank file still absent this long after every other rank ended will never come.
 _DEAD_AFTER_S = 5.0
+# A rank whose process this host cannot check (another node's, a file with no header): this
+# long without a write to its file, it is taken as ended. A rank writes with its steps, so a
+# validation or a checkpoint longer than this ends a watch early (the run goes on); logs
+# copied from elsewhere are old at once.
+_UNCHECKED_AFTER_S = 600.0
 
 
 @dataclass
@@ -123,7 +128,7 @@ class RunFollower:
         *,
         window: int = DEFAULT_WINDOW,
         clock: Callable[[], float] = time.monotonic,
-        is_process_gone: Callable[[dict[str, Any]], bool] | None = None,
+        is_process_gone: Callable[[dict[str, Any]], bool | None] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.window = window
@@ -176,18 +181,23 @@ class RunFollower:
                 tail.grown_at, tail.inode = now, stat.st_ino
                 return self._read(tail, stat.st_size) is not False
             return read or changed
-        if self._has_died(tail, now):
+        if self._has_died(tail, now, stat.st_mtime):
             tail.dead = True
             return True
         return changed
 
-    def _has_died(self, tail: RankTail, now: float) -> bool:
-        """No footer, no growth for a while, and its process is gone (checked only then)."""
-        if tail.closed or tail.dead or tail.header is None:
+    def _has_died(self, tail: RankTail, now: float, mtime: float) -> bool:
+        """No footer, no growth for a while, and its process is gone (checked only then); or,
+        where its process cannot be checked from here (another host's, no header), its file
+        left unwritten for _UNCHECKED_AFTER_S (logs copied from a cluster: at once)."""
+        if tail.closed or tail.dead:
             return False
         if now - (tail.grown_at or now) < _DEAD_AFTER_S:
             return False
-        return self._is_process_gone(tail.header)
+        gone = self._is_process_gone(tail.header) if tail.header is not None else None
+        if gone is not None:
+            return gone
+        return time.time() - mtime >= _UNCHECKED_AFTER_S
 
     def _read(self, tail: RankTail, size: int) -> bool | None:
         """Read what the file gained; None where its head is no longer what was read."""
@@ -274,11 +284,12 @@ class RunFollower:
         )
 
 
-def process_gone(header: dict[str, Any]) -> bool:
-    """Whether the process that wrote ``header`` has exited (only knowable on its own host)."""
+def process_gone(header: dict[str, Any]) -> bool | None:
+    """Whether the process that wrote ``header`` has exited; None where this host cannot tell
+    (another host's process, no pid)."""
     pid = header.get(schema.PID)
     if not isinstance(pid, int) or header.get(schema.HOST) != socket.gethostname():
-        return False
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
