@@ -73,7 +73,10 @@ def build_child_command(args: argparse.Namespace, python: str = sys.executable) 
 
 
 def validate(args: argparse.Namespace) -> None:
-    if args.script is not None and not Path(args.script).is_file():
+    script = Path(args.script) if args.script is not None else None
+    if script is not None and script.is_dir() and not (script / "__main__.py").is_file():
+        raise LaunchError(f"{args.script} is a directory without a __main__.py to run")
+    if script is not None and not (script.is_file() or script.is_dir()):  # (python runs both)
         raise LaunchError(f"no such script: {args.script}")
     for name in ("nproc_per_node", "nnodes"):
         if getattr(args, name) < 1:

@@ -284,3 +284,17 @@ def test_missing_script_is_one_line_exit_2(tmp_path):
     result = run([PYTHON, "-m", "traceml", "run", "nope.py"], clean_env(), tmp_path)
     assert result.returncode == 2
     assert result.stderr == "traceml: error: no such script: nope.py\n"
+
+
+def test_a_package_directory_runs_as_python_runs_it(tmp_path):
+    # `python pkgdir` runs pkgdir/__main__.py; `traceml run pkgdir` said "no such script".
+    package = tmp_path / "pkgdir"
+    package.mkdir()
+    (package / "__main__.py").write_text("print('MAIN RAN')\n")
+    env = clean_env(TRACEML_LOGS_DIR=tmp_path / "logs")
+    result = run([PYTHON, "-m", "traceml", "run", "pkgdir", "--no-report"], env, tmp_path)
+    assert "MAIN RAN" in result.stdout, result.stderr
+    (tmp_path / "empty").mkdir()
+    refused = run([PYTHON, "-m", "traceml", "run", "empty"], env, tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr == "traceml: error: empty is a directory without a __main__.py to run\n"
