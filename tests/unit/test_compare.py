@@ -588,3 +588,21 @@ def test_a_noise_floor_set_of_mixed_setups_is_named_without_sides(tmp_path, caps
     err = capsys.readouterr().err
     assert "the runs differ in world sizes (1, 1, 2)" in err, err
     assert "the B runs" not in err
+
+
+def test_a_summary_from_a_pipe_is_read_and_a_device_is_named(tmp_path, capsys):
+    # `compare <(cat a.json) b` and /dev/stdin said "no such file" (review, stop 59).
+    import os
+    import threading
+
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_bytes(a.read_bytes()))
+    writer.start()
+    assert main(["compare", str(pipe), str(b)]) == 0
+    writer.join()
+    capsys.readouterr()
+    assert main(["compare", os.devnull, str(b)]) == 2
+    assert capsys.readouterr().err == f"traceml: error: {os.devnull} is not a regular file\n"

@@ -23,7 +23,9 @@ def load_summary(path: Path | str) -> dict[str, Any]:
         if not candidate.is_file():
             raise CompareInputError(_no_summary_in(path))
         path = candidate
-    if not path.is_file():
+    if not (path.is_file() or path.is_fifo()):  # (a pipe: `<(cat a.json)`, /dev/stdin)
+        if path.exists():
+            raise CompareInputError(f"{path} is not a regular file")
         raise CompareInputError(f"no such file: {path}")
     try:
         data = orjson.loads(path.read_bytes())
