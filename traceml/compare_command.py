@@ -29,7 +29,7 @@ from traceml.analysis.compare import (
 from traceml.analysis.compare_noise import NoiseFloor, measure_noise_floor
 from traceml.analysis.compare_rules import floor_is_a_guess
 from traceml.errors import OutputError
-from traceml.files import write_atomically
+from traceml.files import text_path, write_atomically
 from traceml.present.compare_text import GUESS_ADVICE, noise_floor_lines, render_comparison
 
 EXIT_OK = 0
@@ -122,6 +122,7 @@ def compare_command(args: Any) -> int:
 
 _REPORTING = (
     "_path",
+    "_file",
     schema.SUMMARY_RUN_DIR,
     schema.SUMMARY_GENERATED_AT,
     schema.SUMMARY_THRESHOLDS,
@@ -186,12 +187,13 @@ def _check_output_is_no_input(output: str, summaries: list[dict[str, Any]]) -> N
     path (a symlink, ../a, a case-insensitive file system)."""
     for written in output_paths(output):
         for summary in summaries:
-            source = summary.get("_path")
+            source = summary.get("_file")
             with contextlib.suppress(OSError):  # no such output file yet: it is no input
                 if source and os.path.samefile(written, source):
+                    shown = summary.get("_path", source)
                     raise CompareInputError(
-                        f"--output {output} would overwrite {source}, one of the summaries "
-                        "compared: choose another path"
+                        f"--output {text_path(output)} would overwrite {shown}, one of the "
+                        "summaries compared: choose another path"
                     )
 
 

@@ -855,3 +855,16 @@ def test_a_loader_read_ahead_waits_for_its_workers_in_the_last_steps_input(tmp_p
     assert ran_out >= 3.0, ran_out  # else this test checks nothing
     assert len(steps) == 4
     assert steps[-1][schema.INPUT_WAIT] >= ran_out * 0.9, (ran_out, steps[-1])
+
+
+@pytest.mark.parametrize(("persistent", "repeat"), [("1", "1"), ("0", "2")])
+def test_a_loader_read_ahead_keeps_every_steps_input_wait(tmp_path, persistent, repeat):
+    # A review of that fix: a persistent-workers iterator (reset each epoch, the same object)
+    # kept counting the forwards that took from it, and a batch trained on twice after the
+    # iterator ran out counted as "not from a DataLoader": null Input Wait, a false note.
+    _, steps, notes = variant(
+        tmp_path, "fetch_ahead", EPOCHS="3", PERSISTENT=persistent, REPEAT=repeat
+    )
+    assert len(steps) == 12 * int(repeat)
+    assert all(s[schema.INPUT_WAIT] is not None for s in steps), steps
+    assert not [n for n in notes if "did not come from a torch DataLoader" in n], notes

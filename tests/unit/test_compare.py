@@ -606,3 +606,18 @@ def test_a_summary_from_a_pipe_is_read_and_a_device_is_named(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", os.devnull, str(b)]) == 2
     assert capsys.readouterr().err == f"traceml: error: {os.devnull} is not a regular file\n"
+
+
+def test_an_output_over_an_input_whose_name_is_not_utf8_is_refused(tmp_path, capsys):
+    # The input's path, kept as text with \\xNN escapes, named no file: the guard passed and
+    # the comparison replaced the run's own final_summary.json (review of this stop's fix).
+    import os
+
+    run_dir = tmp_path / os.fsdecode(b"run\xff")
+    a, _ = make_summary(run_dir, steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    before = a.read_bytes()
+    assert main(["compare", str(run_dir), str(b), "--output", str(run_dir / "final_summary")]) == 2
+    err = capsys.readouterr().err
+    assert "would overwrite" in err and "run\\xff" in err and err.count("\n") == 1
+    assert a.read_bytes() == before

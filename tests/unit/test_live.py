@@ -474,19 +474,29 @@ def test_plain_lines_come_once_warmed_up_on_changes_and_every_interval():
 def test_a_rank_this_host_cannot_check_ends_once_its_file_is_old(tmp_path):
     # Another host's rank (or a file with no header): the watch waited forever on logs copied
     # from a cluster, though `traceml report` read them at once (review, stop 59).
-    rank_path(tmp_path, 0).write_bytes(line(header(0, 2)) + steps_bytes(0, 3))
-    rank_path(tmp_path, 1).write_bytes(b"")
+    rank_path(tmp_path, 0).write_bytes(line(header(0, 3)) + steps_bytes(0, 3))
+    rank_path(tmp_path, 1).write_bytes(b"")  # no header yet: a rank in its set-up
+    rank_path(tmp_path, 2).write_bytes(b"")  # no header, and already old: copied logs
+    age(rank_path(tmp_path, 2))
     now = [100.0]
     follower = RunFollower(tmp_path, clock=lambda: now[0])  # testhost: not this host
     follower.poll()
     now[0] += 60
     follower.poll()
-    assert not follower.finished()  # written a minute ago: it may be in a long validation
+    assert [follower.ranks[r].dead for r in range(3)] == [False, False, True]
+    assert not follower.finished()  # rank 0 wrote a minute ago: maybe a long validation
+    age(rank_path(tmp_path, 0))
+    age(rank_path(tmp_path, 1))
+    follower.poll()
+    # A set-up may be long (a checkpoint restored, a first compile): never taken as ended.
+    assert [follower.ranks[r].dead for r in range(3)] == [True, False, True]
+    assert not follower.finished()
+    with open(rank_path(tmp_path, 0), "ab") as file:  # it writes again: not ended after all
+        file.write(steps_bytes(3, 1))
+    follower.poll()
+    assert not follower.ranks[0].dead
+
+
+def age(path) -> None:
     old = time.time() - 700
-    for rank in (0, 1):
-        os.utime(rank_path(tmp_path, rank), (old, old))
-    follower.poll()
-    assert follower.ranks[0].dead and follower.ranks[1].dead
-    now[0] += 10
-    follower.poll()
-    assert follower.finished()
+    os.utime(path, (old, old))

@@ -55,7 +55,8 @@ def check_summary(data: Any, path: Path) -> dict[str, Any]:
     if not isinstance(data.get(schema.SUMMARY_OVERALL), dict):
         raise CompareInputError(f"{path} is a traceml summary without an 'overall' section")
     _check_numbers(data, path)
-    data["_path"] = text_path(path)
+    data["_path"] = text_path(path)  # for people and JSON
+    data["_file"] = str(path)  # for the file system (a name that is not UTF-8 kept as is)
     return data
 
 

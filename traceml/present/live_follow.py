@@ -59,6 +59,7 @@ class RankTail:
     # first line is a file truncated and written again in place, past the old offset by now.
     head: bytes = b""
     dead: bool = False  # its process is gone and it never wrote a footer
+    old_at_start: bool = False  # unwritten for _UNCHECKED_AFTER_S when first seen (copied logs)
 
     def __post_init__(self) -> None:
         self.recent = deque(self.recent, maxlen=self.window)
@@ -167,6 +168,7 @@ class RunFollower:
             # read belongs to the old file, so start over and let the new header replace it.
             tail = self.ranks[rank] = RankTail(rank=rank, path=path, window=self.window)
             tail.grown_at = now
+            tail.old_at_start = stat is not None and _unwritten_for(stat.st_mtime)
             changed = True
         else:
             changed = False
@@ -174,7 +176,7 @@ class RunFollower:
             return changed
         tail.inode = stat.st_ino
         if stat.st_size > tail.offset:
-            tail.grown_at = now
+            tail.grown_at, tail.dead = now, False  # (one taken as ended that writes again)
             read = self._read(tail, stat.st_size)
             if read is None:  # rewritten in place: start over, as for a replaced file
                 tail = self.ranks[rank] = RankTail(rank=rank, path=path, window=self.window)
@@ -188,8 +190,8 @@ class RunFollower:
 
     def _has_died(self, tail: RankTail, now: float, mtime: float) -> bool:
         """No footer, no growth for a while, and its process is gone (checked only then); or,
-        where its process cannot be checked from here (another host's, no header), its file
-        left unwritten for _UNCHECKED_AFTER_S (logs copied from a cluster: at once)."""
+        where its process cannot be checked from here (another host's), its file left
+        unwritten for _UNCHECKED_AFTER_S (logs copied from a cluster: at once)."""
         if tail.closed or tail.dead:
             return False
         if now - (tail.grown_at or now) < _DEAD_AFTER_S:
@@ -197,7 +199,9 @@ class RunFollower:
         gone = self._is_process_gone(tail.header) if tail.header is not None else None
         if gone is not None:
             return gone
-        return time.time() - mtime >= _UNCHECKED_AFTER_S
+        # (No header: a rank in its set-up, which may be long, unless the file was old already
+        # when first seen.)
+        return _unwritten_for(mtime) and (tail.header is not None or tail.old_at_start)
 
     def _read(self, tail: RankTail, size: int) -> bool | None:
         """Read what the file gained; None where its head is no longer what was read."""
@@ -282,6 +286,10 @@ class RunFollower:
             rank in self.ranks and (self.ranks[rank].closed or self.ranks[rank].dead)
             for rank in range(size)
         )
+
+
+def _unwritten_for(mtime: float) -> bool:
+    return time.time() - mtime >= _UNCHECKED_AFTER_S
 
 
 def process_gone(header: dict[str, Any]) -> bool | None:

@@ -10,7 +10,8 @@ a batch's fetch FETCH_MS, the model's forward 10 ms):
   ROOT=own (the model's own class) or ROOT=sequential (``nn.Sequential``);
 - ``fetch_ahead``: a loop that fetches the next batch before training on the current one
   (Accelerate's loader does), 2 DataLoader workers; prints ``RAN_OUT_MS <ms>``, the time of
-  the ``next()`` that raised StopIteration (the workers' shutdown).
+  the ``next()`` that raised StopIteration (the workers' shutdown); EPOCHS epochs (1),
+  PERSISTENT=1 with persistent workers, each batch trained on REPEAT times (1).
 
 Prints ``VARIANT_DONE``.
 """
@@ -131,17 +132,20 @@ def user_hooks() -> None:
 def fetch_ahead() -> None:
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    iterator = iter(loader(num_workers=2))
-    upcoming = next(iterator)
-    while upcoming is not None:
-        batch = upcoming
-        start = time.perf_counter()
-        try:
-            upcoming = next(iterator)
-        except StopIteration:
-            upcoming = None
-            print("RAN_OUT_MS", (time.perf_counter() - start) * 1000.0, flush=True)
-        train(model, optimizer, [batch])
+    persistent = os.environ.get("PERSISTENT") == "1"
+    batches = loader(num_workers=2, persistent_workers=persistent)
+    for _ in range(int(os.environ.get("EPOCHS", "1"))):
+        iterator = iter(batches)
+        upcoming = next(iterator)
+        while upcoming is not None:
+            batch = upcoming
+            start = time.perf_counter()
+            try:
+                upcoming = next(iterator)
+            except StopIteration:
+                upcoming = None
+                print("RAN_OUT_MS", (time.perf_counter() - start) * 1000.0, flush=True)
+            train(model, optimizer, [batch] * int(os.environ.get("REPEAT", "1")))
 
 
 if __name__ == "__main__":

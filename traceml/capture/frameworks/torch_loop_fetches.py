@@ -72,12 +72,9 @@ class Fetches:
         return tuple(self._train)
 
     def training_alive(self) -> bool:
-        """Whether an iterator that fed training may still feed it (alive, not run out)."""
-        primary = self._primary() if self._primary is not None else None
-        return any(
-            it is not None and not (self._ran_out and it is primary)
-            for it in (ref() for ref in self._train.values())
-        )
+        """Whether an iterator that fed training is alive (one run out may still be: a loop
+        that fetches ahead trains on its last batch after that, maybe more than once)."""
+        return any(ref() is not None for ref in self._train.values())
 
     def feeds_training(self, iterator: Any) -> bool:
         """Whether ``iterator`` is one whose batches fed a training forward."""
@@ -99,6 +96,8 @@ class Fetches:
                 del passes[gone]  # (before this iterator, which may have a freed one's id)
             if loader == self._primary_loader or self._ran_out:
                 passes[key] = weakref.ref(iterator)
+            if self._primary is not None and self._primary() is iterator:
+                self._primary_takes = 0  # a persistent-workers loader's iterator, reset
         entry = held.get(key)
         if entry is not None and entry[_REF]() is iterator:
             entry[_NS] += end - start
