@@ -103,6 +103,8 @@ def test_control_characters_from_a_file_are_shown_escaped_not_sent_to_the_termin
     from traceml.present.printable import printable
 
     assert printable("run\x1b[2Jx\r\x9b\tok\n") == "run\\x1b[2Jx\\x0d\\x9b\tok\n"
+    # Bidirectional overrides reorder what is shown: "a\u202ecba" reads as "aabc" (review).
+    assert printable("a\u202ecba\u2066\u200f") == "a\\u202ecba\\u2066\\u200f"
     evil = "evil\x1b]0;pwned\x07"
     records = [header(0, run=evil), *(step(i, forward=5, backward=5) for i in range(30))]
     write_rank(tmp_path / "a", 0, [*records, footer(30)])

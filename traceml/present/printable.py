@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import re
 
-# C0 controls but the newline and the tab, DEL, and the C1 controls (an 8-bit CSI is 0x9b).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 controls but the newline and the tab, DEL, and the C1 controls (an 8-bit CSI is 0x9b);
+# and the bidirectional overrides and isolates, which reorder what a terminal shows (a run
+# name that reads as another).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
     """``text`` with every control character but newline and tab escaped."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
