@@ -152,9 +152,7 @@ def blocking_differences(side_a: list[dict[str, Any]], side_b: list[dict[str, An
     for key, name in _BLOCKING_KEYS:
         values_a = [_setup_value(s, key) for s in side_a]
         values_b = [_setup_value(s, key) for s in side_b]
-        for side, values in (("A", values_a), ("B", values_b)):
-            if len(set(map(repr, values))) > 1:
-                found.append(f"the {side} runs differ in {name} ({listing(values)})")
+        found += _spread("the A runs", name, values_a) + _spread("the B runs", name, values_b)
         if values_a[0] != values_b[0]:
             found.append(f"different {name} ({as_text(values_a[0])} vs {as_text(values_b[0])})")
     return found
@@ -165,10 +163,15 @@ def setup_spread(summaries: list[dict[str, Any]]) -> list[str]:
     comparison."""
     found = []
     for key, name in _BLOCKING_KEYS:
-        values = [_setup_value(s, key) for s in summaries]
-        if len(set(map(repr, values))) > 1:
-            found.append(f"the runs differ in {name} ({listing(values)})")
+        found += _spread("the runs", name, [_setup_value(s, key) for s in summaries])
     return found
+
+
+def _spread(runs: str, name: str, values: list[Any]) -> list[str]:
+    """``runs`` differing among themselves in the setting ``name``: the line saying so."""
+    if len(set(map(repr, values))) > 1:
+        return [f"{runs} differ in {name} ({listing(values)})"]
+    return []
 
 
 def listing(values: list[Any]) -> str:

@@ -133,11 +133,10 @@ class LoopHooks:
         # The root's own forward hooks (the user's): where it has some, traceml's hooks go
         # first, as the global ones did in the first step, so every step counts them alike
         # (its pre-hooks in Forward, its post-hooks after it); a door would leave them all out.
-        if getattr(root, "_forward_pre_hooks", None) or getattr(root, "_forward_hooks", None):
-            return add_forward_hooks(root, pre, post, always_call=True, first=True)
-        # (A class copying itself by __deepcopy__ / __reduce__ is fine here: the door leaves
+        # (A class copying itself by __deepcopy__ / __reduce__ is fine for a door: it leaves
         # the instance as it is, so no copy can carry it.)
-        undo = wrap_forward(root, before, after, on_instance=False)
+        hooked = getattr(root, "_forward_pre_hooks", None) or getattr(root, "_forward_hooks", None)
+        undo = None if hooked else wrap_forward(root, before, after, on_instance=False)
         if undo is None:
             undo = add_forward_hooks(root, pre, post, always_call=True, first=True)
         return undo
