@@ -234,6 +234,12 @@ import torch.multiprocessing as mp
 
 
 def rank(index):
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # a rank that trains: the parent named it, the rank says nothing more
     print(f"RANK {index}", flush=True)
 
 
@@ -740,6 +746,7 @@ def test_loop_shapes_traceml_cannot_time_are_named_in_the_run(tmp_path, shape, n
 
 FORKED_PROCESS = """
 import multiprocessing
+import sys
 
 import torch
 from torch import nn
@@ -759,7 +766,7 @@ def train(results):
 
 
 if __name__ == "__main__":
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(sys.argv[1])
     results = context.Queue()
     child = context.Process(target=train, args=(results,))
     child.start()
@@ -769,18 +776,27 @@ if __name__ == "__main__":
 """
 
 
-def test_a_training_in_a_forked_process_is_named_untraced(tmp_path):
-    # multiprocessing.Process(target=train) with fork: the child stood down as a DataLoader
-    # worker must, and trained untraced without a word (helper review, stop 58). Its own
-    # DataLoader worker (forked from it) steps no optimizer and says nothing.
+@pytest.mark.parametrize(
+    "method, named",
+    [
+        ("fork", "a process forked by this one"),
+        ("spawn", "started by multiprocessing with the spawn or forkserver method"),
+        ("forkserver", "started by multiprocessing with the spawn or forkserver method"),
+    ],
+)
+def test_a_training_in_a_child_process_is_named_untraced(tmp_path, method, named):
+    # multiprocessing.Process(target=train): with fork the child stood down as a DataLoader
+    # worker must (helper review, stop 58); with spawn or forkserver it started as a
+    # multiprocessing helper, where traceml registers nothing (stop 60). Both trained untraced
+    # without a word. The child's own DataLoader worker steps no optimizer and says nothing.
     script = tmp_path / "forked.py"
     script.write_text(FORKED_PROCESS)
-    plain = run([PYTHON, script], clean_env(), tmp_path)
-    traced = run([PYTHON, script], traced_env(tmp_path / "logs", "forked"), tmp_path)
+    plain = run([PYTHON, script, method], clean_env(), tmp_path)
+    traced = run([PYTHON, script, method], traced_env(tmp_path / "logs", "forked"), tmp_path)
     assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
     assert traced.stdout == plain.stdout and "EXIT 0" in traced.stdout
     warnings = warning_lines(traced.stderr)
-    assert len(warnings) == 1 and "a process forked by this one" in warnings[0], warnings
+    assert len(warnings) == 1 and named in warnings[0], warnings
 
 
 VARIANTS = SCRIPTS / "loop_variants.py"  # loops a review found mis-measured (stop 59)

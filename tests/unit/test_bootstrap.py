@@ -66,12 +66,17 @@ def test_agent_only_leaves_a_launch_stamp(monkeypatch):
 
 
 def test_helper_does_nothing(monkeypatch):
+    # ... but wait for a first optimizer step, which only a training there makes
+    # (tests/integration/test_any_loop.py: a training started with spawn is named).
+    named = []
+    monkeypatch.setattr(bootstrap, "_name_helper_training", lambda: named.append(1))
     monkeypatch.setattr(bootstrap, "register_integrations", lambda hooks=None: pytest.fail())
     env = {"TRACEML": "1"}
     code = "from multiprocessing.spawn import spawn_main"
     argv = ["python", "-c", code, "--multiprocessing-fork"]
     assert bootstrap.activate(env, argv) is False
     assert env == {"TRACEML": "1"}
+    assert named == [1]
 
 
 def test_bad_setting_warns_once_and_stays_off(capsys):

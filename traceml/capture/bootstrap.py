@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping, Sequence
+    from typing import Any
 
 # Module imported -> "module:function" run after it. Strings, so an integration's own module
 # loads only when its library does.
@@ -90,6 +91,7 @@ def activate(
                 settings_module.mark_launch(env)
                 return False
             if role == ROLE_HELPER:
+                _name_helper_training()
                 return False
             settings = settings_module.load_settings(env, args)
             settings_module.pin_run_name(settings, env)
@@ -106,6 +108,23 @@ def activate(
             )
         _state.settings = None
         return False
+
+
+def _name_helper_training() -> None:
+    """A training in a helper (a process multiprocessing started with spawn or forkserver)
+    says, at its first optimizer step, that it runs untraced; nothing else is registered."""
+    try:
+        from traceml.capture.import_hooks import register_post_import_hook
+
+        register_post_import_hook("torch.optim.optimizer", _helper_torch_optim)
+    except Exception:
+        pass  # a DataLoader worker must stay quiet: a warning there repeats per worker
+
+
+def _helper_torch_optim(module: Any) -> None:
+    from traceml.capture.untraced_children import on_helper_torch_optim
+
+    on_helper_torch_optim(module)
 
 
 def register_integrations(hooks: Mapping[str, str] | None = None) -> None:

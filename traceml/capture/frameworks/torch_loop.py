@@ -41,6 +41,7 @@ from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import TRACING
 from traceml.capture.session import Session
 from traceml.capture.session_parts import device_timer_for
+from traceml.capture.untraced_children import name_forked_training
 from traceml.settings import Settings
 
 from .torch_loop_facts import (
@@ -58,7 +59,6 @@ from .torch_loop_notes import (
     NOTE_H2D,
     eval_mode_step,
     finish_notes,
-    name_forked_training,
     refuse,
     stepped_before_any_forward,
 )
