@@ -60,6 +60,8 @@ def test_one_record_per_optimizer_step_and_phases_add_up(tmp_path, package):
     # The step ends just before the module's on_train_batch_end: Lightning dispatches no
     # batch-end hook to traceml's callback.
     assert lightning["batch_end_dispatches"] == 0
+    # Nothing left open by the traced fit (its procfs descriptor stayed: review, stop 60).
+    assert lightning["fds_added"] == 0
     records = rank_records(run_dir)
     assert records[0]["kind"] == "header" and records[-1]["kind"] == "footer"
     assert records[-1]["status"] == "completed"

@@ -122,6 +122,47 @@ def test_post_import_hook_fires_after_the_module_is_imported(tmp_path, monkeypat
     del sys.modules["traceml_hook_probe"]
 
 
+def test_a_watched_module_found_before_its_import_has_its_loaders_protocol(tmp_path, monkeypatch):
+    # importlib.util.find_spec of a watched module not yet imported returns traceml's loader;
+    # runpy and pkgutil call get_code / get_source / is_package on it, which raised
+    # AttributeError (helper review, stop 60). The hook still fires at the real import.
+    import importlib.util
+    import runpy
+
+    (tmp_path / "traceml_hook_runpy.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    import_hooks.register_post_import_hook("traceml_hook_runpy", seen.append)
+    try:
+        loader = importlib.util.find_spec("traceml_hook_runpy").loader
+        assert loader.is_package("traceml_hook_runpy") is False
+        assert loader.get_source("traceml_hook_runpy") == "VALUE = 7\n"
+        assert loader.get_filename("traceml_hook_runpy").endswith("traceml_hook_runpy.py")
+        assert runpy.run_module("traceml_hook_runpy")["VALUE"] == 7
+        assert seen == []
+        import traceml_hook_runpy
+
+        assert seen == [traceml_hook_runpy]
+    finally:
+        sys.modules.pop("traceml_hook_runpy", None)
+
+
+def test_the_rss_reader_closes_its_descriptor():
+    # A traced training left /proc/self/statm open after its end (helper review, stop 60).
+    import os
+
+    from traceml.capture import rss
+
+    before = set(os.listdir("/proc/self/fd"))
+    reader = rss.rss_reader()
+    assert reader() > 0
+    assert set(os.listdir("/proc/self/fd")) != before
+    reader.close()
+    assert set(os.listdir("/proc/self/fd")) == before
+    assert reader() is None  # the number may name another file now: never read again
+    reader.close()  # twice is fine
+
+
 def test_post_import_hook_fires_at_once_for_an_imported_module():
     fake = types.ModuleType("traceml_already_there")
     sys.modules["traceml_already_there"] = fake

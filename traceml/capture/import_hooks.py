@@ -117,6 +117,14 @@ class _ChainedLoader:
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
 
+    def __getattr__(self, name: str):
+        # The rest of the loader's protocol (get_code, get_source, is_package, the resource
+        # reader...) is the module's own loader's: ``importlib.util.find_spec(...).loader`` of
+        # a watched module not yet imported is this object, and runpy / pkgutil call those.
+        if name == "_loader":  # (not set yet: a copy being made)
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 

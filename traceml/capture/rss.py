@@ -18,18 +18,29 @@ def rss_reader():
 
     try:
         fd = os.open("/proc/self/statm", os.O_RDONLY)
-        page = os.sysconf("SC_PAGE_SIZE")
-        pid = os.getpid()
-
-        def read_statm() -> int | None:
-            if os.getpid() != pid:  # a forked child must not read its parent's descriptor
-                return None
-            return int(os.pread(fd, 128, 0).split()[1]) * page
-
-        read_statm()
-        return read_statm
-    except (OSError, ValueError, IndexError, AttributeError):
+    except (OSError, AttributeError):
         pass
+    else:
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            pid = os.getpid()
+            open_fd = [fd]  # emptied by close(): the number may then name another file
+
+            def read_statm() -> int | None:
+                if os.getpid() != pid or not open_fd:  # (a forked child: its parent's)
+                    return None
+                return int(os.pread(fd, 128, 0).split()[1]) * page
+
+            def close() -> None:
+                """The descriptor closed at the training's end (nothing left open)."""
+                if open_fd and os.getpid() == pid:
+                    os.close(open_fd.pop())
+
+            read_statm()
+            read_statm.close = close  # type: ignore[attr-defined]
+            return read_statm
+        except (OSError, ValueError, IndexError, AttributeError):
+            os.close(fd)
     try:
         import psutil
 

@@ -296,6 +296,7 @@ def main() -> int:
     val = DataLoader(Batches(4, 0.0), batch_size=None)
     tuner = os.environ.get("TINY_TUNER")
     module = TunedModule(BATCHES) if tuner else Module()
+    fds = len(os.listdir("/proc/self/fd"))  # fds_added: what the fit left open
     try:
         if tuner:
             tune(trainer, module)
@@ -311,6 +312,7 @@ def main() -> int:
             line = f"TINY_WEIGHTS global_step={trainer.global_step} sha256={weights_sha256(module)}"
             sys.stdout.flush()
             os.write(sys.stdout.fileno(), (line + "\n").encode())
+    fds = len(os.listdir("/proc/self/fd")) - fds
     if os.environ.get("TINY_VALIDATE_AFTER"):
         trainer.validate(module, val, verbose=False)
     # Tear the process group down before exit: left to interpreter shutdown, gloo's threads
@@ -323,7 +325,7 @@ def main() -> int:
     print(
         f"TINY_RESULT global_step={trainer.global_step}"
         f" traceml_callbacks={module.traceml_callbacks}"
-        f" batch_end_dispatches={module.batch_end_dispatches}{extra}"
+        f" batch_end_dispatches={module.batch_end_dispatches} fds_added={fds}{extra}"
     )
     return env_int("TINY_EXIT_CODE", 0)
 
