@@ -122,9 +122,9 @@ def _name_helper_training() -> None:
 
 
 def _helper_torch_optim(module: Any) -> None:
-    from traceml.capture.untraced_children import on_helper_torch_optim
+    import importlib  # (by name, as the integrations: that module reads this one's state)
 
-    on_helper_torch_optim(module)
+    importlib.import_module("traceml.capture.untraced_children").on_helper_torch_optim(module)
 
 
 def register_integrations(hooks: Mapping[str, str] | None = None) -> None:

@@ -6,7 +6,10 @@
   carry (traceml.capture.forward_hooks);
 * ``torch.optim``'s global optimizer step pre/post hooks;
 * ``torch.autograd.backward`` (``Tensor.backward`` calls it through the module attribute);
-* ``_BaseDataLoaderIter.__next__`` (every torch DataLoader iterator).
+* ``_BaseDataLoaderIter.__next__`` (every torch DataLoader iterator);
+* ``torch.export.export``, which runs with the global module hooks lifted (a strict export
+  fails while any global module hook is registered: torch's own wrapper module then takes
+  the hooked call path into a file its compiler skips).
 
 Each wrapper calls the user's function itself, exactly once, outside any guard; traceml's part
 before and after goes through the capture's guarded entry points. Everything is undone by
@@ -54,6 +57,8 @@ class LoopHooks:
         self._outer_timed = False
         self._forward_handles: list[Any] = []
         self._inert = False  # the global hooks left registered, doing nothing (see remove)
+        self._inert_handles: list[Any] = []
+        self._export_undo: Any = None  # torch.export.export's restore (see remove)
         self.maybe_compiled_in_place = False  # no training forward seen (model.compile())
         self.optimizer_calls = 0  # optimizer.step() calls begun (GradScaler: did it skip?)
         self._undo: list[Any] = []
@@ -74,6 +79,7 @@ class LoopHooks:
         self._wrap_backward()
         self._wrap_fetch()
         self._wrap_grad_scaler()
+        self._wrap_export()
 
     # -- forward ---------------------------------------------------------------------------
 
@@ -172,6 +178,8 @@ class LoopHooks:
 
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if _compiling():  # torch's compiler tracing the user's step: no clock in its graph
+                return original(*args, **kwargs)
             began = capture.backward_started()
             try:
                 result = original(*args, **kwargs)  # the user's errors pass through unchanged
@@ -201,6 +209,8 @@ class LoopHooks:
         capture = self.capture
 
         def __next__(self: Any) -> Any:
+            if _compiling():  # (as backward's)
+                return original(self)
             start = clock_ns()
             try:
                 batch = original(self)  # the user's errors and StopIteration pass through
@@ -248,6 +258,64 @@ class LoopHooks:
 
         self._undo.append(restore)
 
+    # -- export ----------------------------------------------------------------------------
+
+    def _wrap_export(self) -> None:
+        import torch.export as export_module
+
+        original = export_module.export
+        hooks = self
+
+        @functools.wraps(original)
+        def export(*args: Any, **kwargs: Any) -> Any:
+            lifted = hooks._lift_global()
+            try:
+                return original(*args, **kwargs)  # the user's errors pass through unchanged
+            finally:
+                hooks._put_back(lifted)
+
+        export_module.export = export
+
+        def restore() -> None:
+            if export_module.export is export:
+                export_module.export = original
+
+        self._export_undo = restore
+
+    def _lift_global(self) -> list[Any]:
+        """traceml's global module hooks out of torch's dicts (an export is no training)."""
+        try:
+            from torch.nn.modules import module as nn_module
+
+            ours = {handle.id for handle in self._forward_handles or self._inert_handles}
+            lifted = []
+            for hooks in (
+                nn_module._global_forward_pre_hooks,
+                nn_module._global_forward_hooks,
+                nn_module._global_forward_hooks_always_called,
+            ):
+                order = list(hooks)
+                lifted.append((hooks, order, {k: hooks.pop(k) for k in order if k in ours}))
+            return lifted
+        except Exception:
+            return []  # left registered: the export runs as it did before this wrapper
+
+    def _put_back(self, lifted: list[Any]) -> None:
+        """Each hook back in its place (the ones still traceml's: none if removed meanwhile)."""
+        try:
+            ours = {handle.id for handle in self._forward_handles or self._inert_handles}
+            for hooks, order, taken in lifted:
+                now = dict(hooks)
+                hooks.clear()
+                for key in order:
+                    if key in taken and key in ours:
+                        hooks[key] = taken[key]
+                    elif key in now:
+                        hooks[key] = now.pop(key)
+                hooks.update(now)  # registered during the export: after the others
+        except Exception:
+            pass
+
     # -- removing --------------------------------------------------------------------------
 
     def _compiled(self) -> bool:
@@ -275,7 +343,7 @@ class LoopHooks:
         handles, self._forward_handles = self._forward_handles, []
         if handles and self._compiled():
             self._inert = True
-            handles = []
+            self._inert_handles, handles = handles, []  # export still lifts them
         for handle in handles:
             try:
                 handle.remove()
@@ -284,3 +352,6 @@ class LoopHooks:
         self._depth = 0
         self._outer_timed = False
         undo_all(self._undo)
+        if not self._inert and self._export_undo is not None:
+            self._export_undo, undo = None, self._export_undo
+            undo()

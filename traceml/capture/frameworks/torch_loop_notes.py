@@ -92,8 +92,9 @@ def finish_notes(capture: Any) -> None:
     if capture.steps and not capture.backward_seen:
         capture.note_once(
             "no-backward",
-            "no loss.backward() was seen (gradients from torch.autograd.grad?): Backward is "
-            "not measured (null), its time is in Residual",
+            "no loss.backward() was seen (gradients from torch.autograd.grad, or a backward "
+            "inside a torch.compile'd function?): Backward is not measured (null), its time "
+            "is in Residual",
         )
     if capture.steps and capture.unfed_steps:
         capture.note_once("unfed", UNFED.format(count=capture.unfed_steps), level="info")
