@@ -125,18 +125,21 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def _report(args: argparse.Namespace) -> int:
     import orjson
 
-    from traceml.finalize import summarise, unfinished_ranks_note
+    from traceml.finalize import launch_ending, summarise, unfinished_ranks_note
 
     thresholds = _thresholds(args)
     run_dir = Path(args.run_dir)
     notes = unfinished_ranks_note(run_dir, args.wait) if args.wait > 0 else []
+    # A run of `traceml run`: how it ended (exit code, signal) as the launcher's report said.
+    ending = launch_ending(run_dir)
     # ReduceError (nothing to summarise) and OutputError (cannot write) reach main().
     summary, text = summarise(
         run_dir,
         thresholds=thresholds,
-        notes=notes,
+        notes=ending.pop("notes", []) + notes,
         html=args.html,
         jobs=args.jobs if args.jobs > 0 else None,
+        **ending,
     )
     if args.after_direct_launch:
         from traceml.present.report import for_terminal

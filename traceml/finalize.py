@@ -14,6 +14,7 @@ traceml.finalize node-partial RUN_DIR --node N``); the summary then merges those
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from traceml.present.report_html import render_html
 from traceml.thresholds import resolve_thresholds
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
+_SIGNAL_NAME = re.compile(r"SIG[A-Z0-9]{1,12}")  # manifest.json's "signal"
 
 
 def summarise(
@@ -173,6 +175,43 @@ def unfinished_ranks_note(run_dir: Path, wait_s: float) -> list[str]:
         f"some ranks had not finished their files after {wait_s:g} s; "
         f"run `traceml report {run_dir}` later for the full picture"
     ]
+
+
+def ending_notes(signal_name: str | None, exit_code: int) -> list[str]:
+    """What the report must say about how a ``traceml run`` training ended: the signal the
+    launcher received and passed on, else the script's failing exit code."""
+    if signal_name is not None:
+        return [
+            f"traceml run received {signal_name} and stopped the training; "
+            "this report covers the steps finished before that"
+        ]
+    if exit_code != 0:
+        return [
+            f"the script exited with code {exit_code} (a failure, by its own account): "
+            "this report covers the steps recorded before that"
+        ]
+    return []
+
+
+def launch_ending(run_dir: Path) -> dict[str, Any]:
+    """The ending ``traceml run`` recorded in ``manifest.json`` as :func:`summarise`'s options
+    (``status``, ``exit_code``, ``notes``), so that a report made again later says what the
+    launcher's did; empty where there is none (a direct launch, a run still going, a
+    manifest unreadable or of another shape)."""
+    try:
+        manifest = orjson.loads((Path(run_dir) / schema.MANIFEST_JSON).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    if not isinstance(manifest, dict):
+        return {}
+    code, name = manifest.get("exit_code"), manifest.get("signal")
+    if type(code) is not int or not (name is None or _SIGNAL_NAME.fullmatch(str(name))):
+        return {}
+    return {
+        "status": schema.RUN_INTERRUPTED if name is not None else None,
+        "exit_code": code,
+        "notes": ending_notes(name, code),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from traceml import schema
 from traceml.analysis.reduce import list_rank_files
 from traceml.errors import OutputError, ReduceError
 from traceml.finalize import (
+    ending_notes,
     rank_header,
     reduce_node,
     summarise,
@@ -34,7 +35,7 @@ def report_run(
     wait = args.report_wait if args.nnodes > 1 else SINGLE_NODE_REPORT_WAIT_S
     world_size = args.nnodes * args.nproc_per_node
     wait_for_ranks(run_dir, world_size if world_size > 1 else None, wait)
-    notes = _ending_notes(received, exit_code)
+    notes = ending_notes(signal.Signals(received).name if received else None, exit_code)
     try:
         # A signal from outside stopped the run, whatever error the ranks died of (DataLoader
         # workers killed by the same signal often surface as a RuntimeError first).
@@ -125,18 +126,3 @@ def _node_ranks(run_dir: Path, node: int) -> list[int]:
         for rank, path in list_rank_files(run_dir).items()
         if (rank_header(path) or {}).get(schema.NODE_RANK) == node
     ]
-
-
-def _ending_notes(received: int | None, exit_code: int) -> list[str]:
-    """What the report must say about how the training ended."""
-    if received is not None:
-        return [
-            f"traceml run received {signal.Signals(received).name} and stopped the training; "
-            "this report covers the steps finished before that"
-        ]
-    if exit_code != 0:
-        return [
-            f"the script exited with code {exit_code} (a failure, by its own account): "
-            "this report covers the steps recorded before that"
-        ]
-    return []

@@ -137,6 +137,13 @@ def test_a_script_exiting_with_an_error_code_after_training_is_a_failed_run(tmp_
     summary = json.loads((tmp_path / "logs" / "three" / "final_summary.json").read_text())
     assert summary["status"] == "failed"
     assert rank_records(tmp_path / "logs" / "three")[-1]["status"] == "completed"
+    # `traceml report` made again (the docs' advice after a crash) read only the rank files and
+    # turned the launcher's "failed" back into "completed", its note gone (review, stop 60).
+    again = run(traceml("report", tmp_path / "logs" / "three"), clean_env(), tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "the script exited with code 3 (a failure, by its own account)" in again.stdout
+    summary = json.loads((tmp_path / "logs" / "three" / "final_summary.json").read_text())
+    assert summary["status"] == "failed"
 
 
 def test_script_that_raises_after_three_steps(tmp_path, tiny):
