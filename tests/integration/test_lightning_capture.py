@@ -542,6 +542,26 @@ def test_a_batch_fetched_and_never_trained_on_is_no_step(tmp_path, device):
         assert all(s[schema.GPU_STEP] <= s[schema.STEP] + 5.0 for s in steps), steps
 
 
+@pytest.mark.parametrize("device", ["cpu", "fake_cuda"])
+def test_a_step_whose_callback_raised_after_its_optimizer_step_is_kept(tmp_path, device):
+    # A callback's on_train_batch_end raised after the sixth optimizer step: the step ends
+    # only at the module's own hook, after every callback, so the open step was dropped and the
+    # file said "failed after 5 steps" for 6 updates made (helper review, stop 60).
+    extra = {"SHAPE": "callback_raises"}
+    if device == "fake_cuda":  # the guarded doors' path (CUDA events), not one-door timing
+        (tmp_path / "inject").mkdir()
+        (tmp_path / "inject" / "sitecustomize.py").write_text(FAKE_CUDA)
+        extra["PYTHONPATH"] = tmp_path / "inject"
+    result = run([PYTHON, SHAPES], traced_env(tmp_path / "logs", "cb", **extra), tmp_path)
+    assert result.returncode == 1 and "STEPPED 6" in result.stdout, result.stderr[-3000:]
+    assert "RuntimeError: callback failed at the sixth step's end" in result.stderr
+    records = rank_records(tmp_path / "logs" / "cb")
+    steps = steps_of(records)
+    assert [s[schema.GLOBAL_STEP] for s in steps] == list(range(1, 7))
+    assert records[-1]["status"] == "exception" and records[-1]["steps"] == 6
+    assert_adds_up(steps[-1])
+
+
 def test_validation_inside_an_accumulation_window_is_not_the_steps_residual(tmp_path):
     # val_check_interval=2 with 4 microbatches a step: each validation (60 ms) ran between two
     # microbatches of an open step and was its Residual (steps of ~70 ms for ~10).

@@ -49,6 +49,20 @@ def finish_file(session: Any) -> None:
     at_exit.finished(session)  # the exit handler lets go of the session (and the training)
 
 
+def end_open_step(session: Any, global_step: Any, epoch: Any) -> None:
+    """Training raised (:meth:`Session.failed`): the open microbatch whose optimizer step
+    returned is a step (its update is done; Lightning ends it only after every callback's
+    ``on_train_batch_end``, one of which raised), written with its end now; any other open
+    step is dropped. Only where the caller knows the step's ``global_step`` (Lightning)."""
+    with suppress(Exception):
+        session.settle()  # the door events logged so far: the clock knows the open microbatch
+        micro = getattr(session.clock, "_micro", None)
+        stepped = micro is not None and micro.optimizer_end_ns is not None
+        if session.life.state is TRACING and stepped and global_step is not None:
+            session.batch_ended(global_step, epoch)
+    session.abandon_step()
+
+
 def finish_at_exit(session: Any) -> None:
     """Write what is pending and the footer, with the status the exit implies."""
     recorder = session.recorder

@@ -6,6 +6,8 @@
   runs inside an open step; 4 steps.
 - ``reloading``: the DataLoader (2 workers) made anew each epoch; a callback prints how many
   child processes are alive at each epoch's start.
+- ``callback_raises``: a callback's ``on_train_batch_end`` raises at the sixth step, after
+  its optimizer step (the script prints the global step, then exits 1 with the traceback).
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ class CountChildren(pl.Callback):  # runs before traceml's own hook, as the user
         print("EPOCH", trainer.current_epoch, "CHILDREN", alive, flush=True)
 
 
+class RaiseAtBatchEnd(pl.Callback):  # a checkpoint or logging callback that fails
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, index) -> None:
+        if trainer.global_step == 6:
+            print("STEPPED", trainer.global_step, flush=True)
+            raise RuntimeError("callback failed at the sixth step's end")
+
+
 def points(batches: int) -> TensorDataset:
     return TensorDataset(torch.randn(4 * batches, 4), torch.randn(4 * batches, 1))
 
@@ -97,6 +106,11 @@ if __name__ == "__main__":
             **QUIET,
         )
         trainer.fit(Reloading())
+    elif SHAPE == "callback_raises":
+        trainer = pl.Trainer(
+            max_epochs=1, limit_val_batches=0, callbacks=[RaiseAtBatchEnd()], **QUIET
+        )
+        trainer.fit(Module(), DataLoader(points(9), batch_size=4))
     else:
         raise SystemExit(f"unknown SHAPE {SHAPE!r}")
     print("STEPS", trainer.global_step)

@@ -278,7 +278,8 @@ class StepTiming:
 
     @entry_point("lightning.on_exception", "Lightning's on_exception hook")
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.session.failed(exception)
+        # (a step whose optimizer stepped is kept: a callback's on_train_batch_end raised)
+        self.session.failed(exception, trainer.global_step, trainer.current_epoch)
 
     @entry_point("lightning.teardown", "Lightning's teardown hook (fit)")
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
