@@ -8,6 +8,8 @@
   child processes are alive at each epoch's start.
 - ``callback_raises``: a callback's ``on_train_batch_end`` raises at the sixth step, after
   its optimizer step (the script prints the global step, then exits 1 with the traceback).
+- ``optimizer_step_raises``: the module's ``optimizer_step`` raises at the sixth step, after
+  the optimizer's step returned (Lightning counts 5 steps).
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ class CountChildren(pl.Callback):  # runs before traceml's own hook, as the user
         print("EPOCH", trainer.current_epoch, "CHILDREN", alive, flush=True)
 
 
+class RaiseAfterStepping(Module):
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        if self.trainer.global_step == 5:  # Lightning counts this step once the hook returns
+            print("STEPPED", self.trainer.global_step + 1, flush=True)
+            raise RuntimeError("callback failed at the sixth step's end")
+
+
 class RaiseAtBatchEnd(pl.Callback):  # a checkpoint or logging callback that fails
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, index) -> None:
         if trainer.global_step == 6:
@@ -111,6 +121,9 @@ if __name__ == "__main__":
             max_epochs=1, limit_val_batches=0, callbacks=[RaiseAtBatchEnd()], **QUIET
         )
         trainer.fit(Module(), DataLoader(points(9), batch_size=4))
+    elif SHAPE == "optimizer_step_raises":
+        trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, **QUIET)
+        trainer.fit(RaiseAfterStepping(), DataLoader(points(9), batch_size=4))
     else:
         raise SystemExit(f"unknown SHAPE {SHAPE!r}")
     print("STEPS", trainer.global_step)

@@ -278,8 +278,13 @@ class StepTiming:
 
     @entry_point("lightning.on_exception", "Lightning's on_exception hook")
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        # (a step whose optimizer stepped is kept: a callback's on_train_batch_end raised)
-        self.session.failed(exception, trainer.global_step, trainer.current_epoch)
+        # A step whose optimizer stepped is kept (a callback's on_train_batch_end raised), where
+        # Lightning counted that step (an optimizer_step override that raised after the
+        # optimizer's step has not: its step would repeat the last global_step).
+        step, counters = trainer.global_step, self._counters
+        if counters is not None and counters[0].ready != counters[0].completed:
+            step = None
+        self.session.failed(exception, step, trainer.current_epoch)
 
     @entry_point("lightning.teardown", "Lightning's teardown hook (fit)")
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
