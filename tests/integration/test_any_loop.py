@@ -675,6 +675,32 @@ def test_a_compiled_step_with_its_backward_sees_no_traceml_frame(tmp_path):
     assert len(warnings) == 1 and "optimizer stepped before any training forward" in warnings[0]
 
 
+USERS_OPTIMIZER_HOOK = """
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+calls = []
+register_optimizer_step_pre_hook(lambda *_: calls.append(1))  # after traceml's own
+torch.manual_seed(0)
+model = nn.Linear(4, 1).eval()  # trained in eval mode: traceml stands aside at the first step
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+print("RESULT", len(calls), model.weight.sum().item())
+"""
+
+
+def test_tracing_stepping_aside_inside_a_step_leaves_the_users_optimizer_hook(tmp_path):
+    # traceml took its optimizer hooks away from inside its own pre-hook; with a global hook of
+    # the user's after it, torch's loop over the hooks raised "OrderedDict mutated during
+    # iteration" out of optimizer.step() (helper review, stop 60).
+    warnings = warnings_of_a_loop_run_as_untraced(tmp_path, "ohook", USERS_OPTIMIZER_HOOK)
+    assert len(warnings) == 1 and "optimizer stepped before any training forward" in warnings[0]
+
+
 EXPORTED_AROUND_A_LOOP = """
 import torch
 from torch import nn

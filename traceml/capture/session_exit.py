@@ -40,10 +40,12 @@ def finish_file(session: Any) -> None:
     sampler, session.telemetry = session.telemetry, None
     if sampler is not None:
         recorder.samples(list(sampler.stop()))
-    recorder.finish()
-    reader, session._rss = session._rss, None  # no step reads RSS after the footer
-    with suppress(Exception):
-        reader.close()  # the procfs descriptor (rss_reader): nothing left open
+    try:
+        recorder.finish()
+    finally:
+        reader, session._rss = session._rss, None  # no step reads RSS after the footer
+        with suppress(Exception):
+            reader.close()  # the procfs descriptor (rss_reader): nothing left open
     if session.life.state is TRACING:
         session.life.move(DONE)
     at_exit.finished(session)  # the exit handler lets go of the session (and the training)

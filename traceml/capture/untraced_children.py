@@ -5,13 +5,16 @@ traced process (the capture stands down in it), and a child that multiprocessing
 the ``spawn`` or ``forkserver`` method (its command line is multiprocessing's: a "helper" to
 the bootstrap, which registers nothing else there). A training in either would otherwise run
 untraced without a word. In both, one global optimizer step pre-hook waits for a first step
-(a DataLoader worker never steps an optimizer) and removes itself at it, warning where no
-traceml session owns the process.
+(a DataLoader worker never steps an optimizer) and removes itself at it (``optimizer_hooks``:
+a no-op in its place while a later hook of the user's follows it), warning where no traceml
+session owns the process.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from traceml.capture.optimizer_hooks import remove_hook
 
 FORKED_TRAINING = (
     "not tracing a training in a process forked by this one (multiprocessing.Process, a "
@@ -46,7 +49,7 @@ def _name_first_step(forked: bool) -> None:
 
         def stepped(*_: Any) -> None:
             try:  # inside the user's optimizer.step(): nothing may escape
-                handle.remove()
+                remove_hook(handle, iterating=True)  # (torch iterates the hooks' dict now)
                 if _untraced(forked):
                     from traceml import console
 

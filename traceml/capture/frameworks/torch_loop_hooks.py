@@ -25,6 +25,7 @@ from typing import Any
 
 from traceml.capture.clock import clock_ns
 from traceml.capture.forward_hooks import add_forward_hooks, wrap_forward
+from traceml.capture.optimizer_hooks import remove_hook
 from traceml.capture.undo import undo_all
 
 
@@ -61,6 +62,7 @@ class LoopHooks:
         self._export_undo: Any = None  # torch.export.export's restore (see remove)
         self.maybe_compiled_in_place = False  # no training forward seen (model.compile())
         self.optimizer_calls = 0  # optimizer.step() calls begun (GradScaler: did it skip?)
+        self._in_hook: str | None = None  # "pre"/"post": inside traceml's optimizer step hook
         self._undo: list[Any] = []
 
     def install(self) -> None:
@@ -71,11 +73,14 @@ class LoopHooks:
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, always_call=True),
         ]
-        handles = [
-            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
-            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
-        ]
-        self._undo.append(lambda: [handle.remove() for handle in handles])
+        pre = optim_module.register_optimizer_step_pre_hook(self._optimizer_pre)
+        post = optim_module.register_optimizer_step_post_hook(self._optimizer_post)
+
+        def remove_optimizer_hooks() -> None:  # also from inside them (optimizer_hooks)
+            remove_hook(pre, iterating=self._in_hook == "pre")
+            remove_hook(post, iterating=self._in_hook == "post")
+
+        self._undo.append(remove_optimizer_hooks)
         self._wrap_backward()
         self._wrap_fetch()
         self._wrap_grad_scaler()
@@ -156,17 +161,25 @@ class LoopHooks:
         if _compiling():
             return
         self.optimizer_calls += 1
-        # (``args`` starts with the optimizer itself; Accelerate's wrapper passes closure=None
-        # positionally: only a closure counts)
-        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
-            self.capture.closure_step(optimizer)
-        else:
-            self.capture.optimizer_started(optimizer)
+        self._in_hook = "pre"  # torch iterates the pre-hooks now (remove_optimizer_hooks)
+        try:
+            # (``args`` starts with the optimizer itself; Accelerate's wrapper passes
+            # closure=None positionally: only a closure counts)
+            if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
+                self.capture.closure_step(optimizer)
+            else:
+                self.capture.optimizer_started(optimizer)
+        finally:
+            self._in_hook = None
 
     def _optimizer_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if _compiling():
             return
-        self.capture.optimizer_ended(optimizer)
+        self._in_hook = "post"
+        try:
+            self.capture.optimizer_ended(optimizer)
+        finally:
+            self._in_hook = None
 
     # -- backward --------------------------------------------------------------------------
 
