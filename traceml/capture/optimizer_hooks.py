@@ -20,8 +20,11 @@ from typing import Any
 def remove_hook(handle: Any, iterating: bool) -> None:
     """``handle.remove()``, safe where torch may be iterating the hook's dict (``iterating``:
     called from inside a hook of that dict)."""
-    hooks = handle.hooks_dict_ref()
-    key = handle.id
+    dict_ref = getattr(handle, "hooks_dict_ref", None)
+    if dict_ref is None:  # (a torch whose handles keep their dict otherwise)
+        handle.remove()
+        return
+    hooks, key = dict_ref(), handle.id
     if hooks is None or key not in hooks:
         return
     if iterating and next(reversed(hooks)) != key:
