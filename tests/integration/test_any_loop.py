@@ -439,6 +439,19 @@ def test_an_exception_in_a_trainer_is_recorded_and_reaches_the_user(tmp_path):
     assert len(steps_of(records)) == 3
 
 
+def test_a_trainer_step_whose_callback_raised_after_its_update_is_kept(tmp_path):
+    # A callback's on_step_end raised at step 4, after the optimizer step the Trainer counted:
+    # the step ended only at traceml's own on_step_end, after the user's, and was dropped
+    # ("failed after 3 steps" for 4 updates; as with Lightning, helper review, stop 60).
+    env = traced_env(tmp_path / "logs", "cbraise", HF_HUB_OFFLINE="1", HF_STEPS=6)
+    result = run([PYTHON, HF], {**env, "HF_CALLBACK_RAISE_AT": "4"}, tmp_path, timeout=300)
+    assert result.returncode == 1
+    assert "RuntimeError: callback failed at step 4's end" in result.stderr
+    records = rank_records(tmp_path / "logs" / "cbraise")
+    assert records[-1]["status"] == schema.STATUS_EXCEPTION and records[-1]["steps"] == 4
+    assert [s[schema.GLOBAL_STEP] for s in steps_of(records)] == [1, 2, 3, 4]
+
+
 def test_the_trainers_out_of_memory_retry_drops_the_open_step(tmp_path):
     # auto_find_batch_size: the 3rd forward runs out of memory; the Trainer starts over.
     records, stdout = traced_run(tmp_path, HF, "oom", HF_STEPS=4, HF_OOM_AT=3)

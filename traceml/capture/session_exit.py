@@ -57,12 +57,17 @@ def end_open_step(session: Any, global_step: Any, epoch: Any) -> None:
     ``on_train_batch_end``, one of which raised), written with its end now; any other open
     step is dropped. Only where the caller knows the step's ``global_step`` (Lightning)."""
     with suppress(Exception):
-        session.settle()  # the door events logged so far: the clock knows the open microbatch
-        micro = getattr(session.clock, "_micro", None)
-        stepped = micro is not None and micro.optimizer_end_ns is not None
-        if session.life.state is TRACING and stepped and global_step is not None:
+        if global_step is not None and open_step_stepped(session):
             session.batch_ended(global_step, epoch)
     session.abandon_step()
+
+
+def open_step_stepped(session: Any) -> bool:
+    """Whether the open microbatch's optimizer step returned (while tracing)."""
+    session.settle()  # the door events logged so far: the clock knows the open microbatch
+    micro = getattr(session.clock, "_micro", None)
+    stepped = micro is not None and micro.optimizer_end_ns is not None
+    return stepped and session.life.state is TRACING
 
 
 def finish_at_exit(session: Any) -> None:

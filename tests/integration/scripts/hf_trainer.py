@@ -5,7 +5,8 @@ HF_GETITEM_MS / HF_FORWARD_MS / HF_BACKWARD_MS / HF_OPTIMIZER_MS (sleeps per sam
 backward, optimizer step), HF_EVAL_STEPS (evaluate every N steps; 0: never), HF_RAISE_AT (raise
 from the model's forward at this call), HF_OOM_AT (an out-of-memory error at this call, with
 auto_find_batch_size: the Trainer retries with half the batch), HF_SANITY=1 (a forward in
-train mode before train(): a sanity check of the model).
+train mode before train(): a sanity check of the model), HF_CALLBACK_RAISE_AT (a callback's
+on_step_end raises at this global step, after its optimizer step).
 Prints ``HF_RESULT global_step=<n>``.
 """
 
@@ -95,6 +96,14 @@ class RoundTrip(TrainerCallback):
             round_trip(model)
 
 
+class RaiseAtStepEnd(TrainerCallback):
+    """HF_CALLBACK_RAISE_AT=N: a logging or checkpointing callback that fails at step N."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == int(os.environ["HF_CALLBACK_RAISE_AT"]):
+            raise RuntimeError(f"callback failed at step {state.global_step}'s end")
+
+
 def print_weights(model: torch.nn.Module, global_step: int) -> None:
     """The fault-injection suite compares these with an untraced run's, bit for bit."""
     import hashlib
@@ -149,6 +158,8 @@ def main() -> int:
             optimizers=(optimizer, None),
             callbacks=[RoundTrip()] if os.environ.get("HF_ROUND_TRIP") else None,
         )
+        if os.environ.get("HF_CALLBACK_RAISE_AT"):  # (before traceml's, added at train())
+            trainer.add_callback(RaiseAtStepEnd())
         if os.environ.get("HF_SANITY"):
             sample = Texts(1)[0]
             model(**{key: value[None] for key, value in sample.items()})

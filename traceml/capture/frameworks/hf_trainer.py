@@ -26,6 +26,7 @@ from typing import Any
 from traceml.capture import claim
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import FINAL
+from traceml.capture.session_exit import open_step_stepped
 
 _callback_class: type | None = None
 
@@ -45,7 +46,7 @@ def on_import(module: Any) -> None:
             return original(self, *args, **kwargs)  # the user's errors reach the user unchanged
         except BaseException as exc:
             if callback is not None:
-                callback.train_failed(exc)
+                callback.train_failed(exc, self)
             raise
         finally:
             if callback is not None:
@@ -102,6 +103,7 @@ class StepEvents:
     def __init__(self, capture: Any) -> None:
         self.capture = capture
         self.began = False  # the Trainer's loop began once: a second begin is a retry
+        self.last_step: Any = None  # the global step at the last step's end (or the begin)
 
     # The guard adds each event's time to its owner's: the capture's, which the session counts
     # (a count of the callback's own would never reach ``traceml_us``).
@@ -128,6 +130,7 @@ class StepEvents:
                 "out-of-memory error): the open step was dropped; global_step starts over",
             )
         self.began = True
+        self.last_step = state.global_step
         capture.abandon_step()
 
     @entry_point("hf_trainer.on_pre_optimizer_step", "the Trainer's on_pre_optimizer_step")
@@ -142,6 +145,7 @@ class StepEvents:
 
     @entry_point("hf_trainer.on_step_end", "the Trainer's on_step_end event")
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.last_step = state.global_step
         if self.capture.tracing:
             self.capture.step_ended(state.global_step)
 
@@ -162,7 +166,13 @@ class StepEvents:
             callbacks.remove(self)
 
     @entry_point("hf_trainer.train_failed", "Trainer.train raised (the user's exception)")
-    def train_failed(self, exception: BaseException) -> None:
+    def train_failed(self, exception: BaseException, trainer: Any = None) -> None:
         session = self.capture.session
-        if session is not None:
-            session.failed(exception)
+        if session is None:
+            return
+        # A step whose optimizer stepped and which the Trainer counted (a callback's on_step_end
+        # raised before traceml's) is a step: its update is done.
+        step = getattr(getattr(trainer, "state", None), "global_step", None)
+        if step is not None and step != self.last_step and open_step_stepped(session):
+            self.capture.step_ended(step)
+        session.failed(exception)
