@@ -24,7 +24,7 @@ from traceml.capture.clock import clock_ns
 from traceml.capture.lifecycle import DISABLED, DONE, IDLE, TRACING, UNSUPPORTED, Lifecycle
 from traceml.capture.recorder import RankRecorder
 from traceml.capture.rss import RSS_EVERY_NS
-from traceml.capture.session_exit import drain_device, end_open_step, finish_at_exit, finish_file
+from traceml.capture.session_exit import drain_device, finish_at_exit, finish_file
 from traceml.capture.session_parts import (
     CommTiming,
     CostOwner,
@@ -346,12 +346,12 @@ class Session:
         if self.life.state is TRACING:
             self.life.move(DONE)
 
-    def failed(self, exception: BaseException, global_step: Any = None, epoch: Any = None) -> None:
-        """Training raised: the open step dropped unless it stepped; the file says why."""
+    def failed(self, exception: BaseException) -> None:
+        """The user's training raised: the open step is dropped, the file says why."""
         self.remove_instruments()
         if self.recorder is None or self.life.state is IDLE:
             return
-        end_open_step(self, global_step, epoch)
+        self.abandon_step()
         self._drain()
         self.recorder.ended_by(exception)
         self.finish()

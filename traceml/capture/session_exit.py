@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -51,23 +52,17 @@ def finish_file(session: Any) -> None:
     at_exit.finished(session)  # the exit handler lets go of the session (and the training)
 
 
-def end_open_step(session: Any, global_step: Any, epoch: Any) -> None:
-    """Training raised (:meth:`Session.failed`): the open microbatch whose optimizer step
-    returned is a step (its update is done; Lightning ends it only after every callback's
-    ``on_train_batch_end``, one of which raised), written with its end now; any other open
-    step is dropped. Only where the caller knows the step's ``global_step`` (Lightning)."""
+def keep_stepped_step(session: Any, end: Callable[[], object]) -> None:
+    """Training raised, before the framework's step end: ``end()`` (that step end) where the
+    open microbatch's optimizer step returned, so its done update is a step (Lightning and
+    the HF Trainer end a step only after every callback's batch-end hook, one of which may
+    have raised); :meth:`Session.failed` then drops any other open step. Never raises."""
     with suppress(Exception):
-        if global_step is not None and open_step_stepped(session):
-            session.batch_ended(global_step, epoch)
-    session.abandon_step()
-
-
-def open_step_stepped(session: Any) -> bool:
-    """Whether the open microbatch's optimizer step returned (while tracing)."""
-    session.settle()  # the door events logged so far: the clock knows the open microbatch
-    micro = getattr(session.clock, "_micro", None)
-    stepped = micro is not None and micro.optimizer_end_ns is not None
-    return stepped and session.life.state is TRACING
+        session.settle()  # the door events logged so far: the clock knows the open microbatch
+        micro = getattr(session.clock, "_micro", None)
+        stepped = micro is not None and micro.optimizer_end_ns is not None
+        if stepped and session.life.state is TRACING:
+            end()
 
 
 def finish_at_exit(session: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from traceml.capture import claim
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import FINAL
-from traceml.capture.session_exit import open_step_stepped
+from traceml.capture.session_exit import keep_stepped_step
 
 _callback_class: type | None = None
 
@@ -173,6 +173,6 @@ class StepEvents:
         # A step whose optimizer stepped and which the Trainer counted (a callback's on_step_end
         # raised before traceml's) is a step: its update is done.
         step = getattr(getattr(trainer, "state", None), "global_step", None)
-        if step is not None and step != self.last_step and open_step_stepped(session):
-            self.capture.step_ended(step)
+        if step is not None and step != self.last_step:
+            keep_stepped_step(session, lambda: self.capture.step_ended(step))
         session.failed(exception)

@@ -46,6 +46,7 @@ from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import FINAL, IDLE, READY, TRACING
 from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
 from traceml.capture.session import Session
+from traceml.capture.session_exit import keep_stepped_step
 from traceml.capture.session_parts import device_timer_for
 from traceml.settings import Settings
 
@@ -281,10 +282,10 @@ class StepTiming:
         # A step whose optimizer stepped is kept (a callback's on_train_batch_end raised), where
         # Lightning counted that step (an optimizer_step override that raised after the
         # optimizer's step has not: its step would repeat the last global_step).
-        step, counters = trainer.global_step, self._counters
-        if counters is not None and counters[0].ready != counters[0].completed:
-            step = None
-        self.session.failed(exception, step, trainer.current_epoch)
+        step, epoch, counters = trainer.global_step, trainer.current_epoch, self._counters
+        if counters is None or counters[0].ready == counters[0].completed:
+            keep_stepped_step(self.session, lambda: self._batch_ended(step, epoch))
+        self.session.failed(exception)
 
     @entry_point("lightning.teardown", "Lightning's teardown hook (fit)")
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
