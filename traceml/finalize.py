@@ -177,20 +177,23 @@ def unfinished_ranks_note(run_dir: Path, wait_s: float) -> list[str]:
     ]
 
 
-def ending_notes(signal_name: str | None, exit_code: int) -> list[str]:
-    """What the report must say about how a ``traceml run`` training ended: the signal the
-    launcher received and passed on, else the script's failing exit code."""
+def ending(signal_name: str | None, exit_code: int) -> dict[str, Any]:
+    """How a ``traceml run`` training ended, as :func:`summarise`'s options (``status``,
+    ``exit_code``, ``notes``): the signal the launcher received and passed on (the run was
+    interrupted), else the script's failing exit code (it failed)."""
+    notes = []
     if signal_name is not None:
-        return [
+        notes.append(
             f"traceml run received {signal_name} and stopped the training; "
             "this report covers the steps finished before that"
-        ]
-    if exit_code != 0:
-        return [
+        )
+    elif exit_code != 0:
+        notes.append(
             f"the script exited with code {exit_code} (a failure, by its own account): "
             "this report covers the steps recorded before that"
-        ]
-    return []
+        )
+    status = schema.RUN_INTERRUPTED if signal_name is not None else None
+    return {"status": status, "exit_code": exit_code, "notes": notes}
 
 
 def launch_ending(run_dir: Path) -> dict[str, Any]:
@@ -207,11 +210,7 @@ def launch_ending(run_dir: Path) -> dict[str, Any]:
     code, name = manifest.get("exit_code"), manifest.get("signal")
     if type(code) is not int or not (name is None or _SIGNAL_NAME.fullmatch(str(name))):
         return {}
-    return {
-        "status": schema.RUN_INTERRUPTED if name is not None else None,
-        "exit_code": code,
-        "notes": ending_notes(name, code),
-    }
+    return ending(name, code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from traceml import schema
 from traceml.analysis.reduce import list_rank_files
 from traceml.errors import OutputError, ReduceError
 from traceml.finalize import (
-    ending_notes,
+    ending,
     rank_header,
     reduce_node,
     summarise,
@@ -35,16 +35,14 @@ def report_run(
     wait = args.report_wait if args.nnodes > 1 else SINGLE_NODE_REPORT_WAIT_S
     world_size = args.nnodes * args.nproc_per_node
     wait_for_ranks(run_dir, world_size if world_size > 1 else None, wait)
-    notes = ending_notes(signal.Signals(received).name if received else None, exit_code)
+    signal_name = signal.Signals(received).name if received is not None else None
     try:
         # A signal from outside stopped the run, whatever error the ranks died of (DataLoader
         # workers killed by the same signal often surface as a RuntimeError first).
         options: dict[str, Any] = {
             "thresholds": settings.thresholds,
-            "notes": notes,
             "html": settings.html,
-            "status": schema.RUN_INTERRUPTED if received is not None else None,
-            "exit_code": exit_code,
+            **ending(signal_name, exit_code),
         }
         # Several nodes: each reduces its own ranks into a partial; node 0 merges them.
         _summary, text = (
