@@ -522,6 +522,30 @@ def test_a_ddp_users_comm_hook_after_tracing_stopped_goes_in_as_untraced(tmp_pat
     assert traced == untraced
 
 
+def test_a_direct_torchrun_launch_reports_when_a_later_rank_crashes(tmp_path):
+    """Rank 0 ends its loop and waits at exit for rank 1's file, for the report; rank 1 then
+    dies without a footer. torchrun ends the job by signalling each rank's process group: the
+    report (a child of rank 0) must outlive that and name the crashed rank."""
+    env = clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_RUN_NAME="crashed",
+        TRACEML_REPORT_WAIT_S=5,
+        LOOP_STEPS=4,
+        LOOP_CRASH_RANK_AT_END=1,
+        LOOP_CRASH_DELAY_MS=2000,
+    )
+    # (The report's child holds the output pipes: run() returns once it has written.)
+    result = run(torchrun_2(LOOP), env, tmp_path, timeout=300)
+    assert result.returncode != 0
+    assert "traceml report" in result.stderr, result.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "crashed"
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary[schema.SUMMARY_STATUS] == schema.RUN_PARTIAL
+    assert any("rank 1: no footer" in note for note in summary[schema.SUMMARY_NOTES])
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def assert_rank_1_is_the_forward_straggler(
     run_dir, cwd, steps: int, integration: str, excess_ms: float = 40.0
 ) -> None:

@@ -79,10 +79,13 @@ def _run_child(command: list[str], failure: str) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    # The report on this process's stderr: the script's stdout stays its own.
+    # The report on this process's stderr: the script's stdout stays its own. In a session
+    # of its own: torchrun ends a failed job by signalling each rank's process group, and a
+    # rank 0 whose training had ended, waiting here for another rank's file, lost its report
+    # with it (the child then ends on its own, after its --wait at most).
     completed = subprocess.run(
         command, env=env, stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
-        stderr=subprocess.PIPE, text=True, check=False,
+        stderr=subprocess.PIPE, text=True, check=False, start_new_session=True,
     )  # fmt: skip
     if completed.returncode == 0:
         if completed.stderr:

@@ -8,7 +8,9 @@ LOOP_SLOW_RANK / LOOP_SLOW_FORWARD_MS (one DDP rank slower in forward), LOOP_WOR
 training DataLoader's num_workers), LOOP_REGISTER_HOOK_AT (DDP: the user's comm hook after
 that step), LOOP_CLOSURE=1 (each step through optimizer.step(closure), the forward and backward
 inside the closure, as L-BFGS needs), LOOP_IMPORT_LIGHTNING=1 (Lightning's seed_everything
-first: a loop that only imports Lightning). Under torchrun (2 ranks) it trains with DDP on gloo.
+first: a loop that only imports Lightning), LOOP_CRASH_RANK_AT_END / LOOP_CRASH_DELAY_MS (DDP:
+that rank dies after its loop, once the delay has passed, with no exit handler run). Under
+torchrun (2 ranks) it trains with DDP on gloo.
 Prints ``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
 
@@ -222,6 +224,9 @@ def main() -> int:
     print_outcome_if_asked()  # the transparency suite's line, objects alive
     if world > 1:
         torch.distributed.destroy_process_group()
+        if rank == env_int("LOOP_CRASH_RANK_AT_END", -1):  # once the other rank is at exit
+            time.sleep(env_ms("LOOP_CRASH_DELAY_MS"))
+            os._exit(1)  # as a crash: no exit handler, no footer
     elif os.environ.get("TR_CASE"):
         held = after_loop(model)
         del model
