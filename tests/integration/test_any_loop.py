@@ -546,6 +546,53 @@ def test_a_direct_torchrun_launch_reports_when_a_later_rank_crashes(tmp_path):
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def test_each_attempt_of_a_restarted_torchrun_job_is_a_run(tmp_path):
+    """torchrun --max-restarts 1, the script failing its first attempt: the second attempt
+    (which found the first one's rank file under the job's run name) is traced into a run of
+    its own, named as restarted, and the first attempt's run keeps its failure. One rank:
+    gloo's second rendezvous after a failed attempt sometimes fails on this torch, untraced
+    too ("connectFullMesh ... Connection refused"); the run name is derived alike on each rank."""
+    env = clean_env(
+        TRACEML="1",
+        TRACEML_LOGS_DIR=tmp_path / "logs",
+        TRACEML_RUN_NAME="job",
+        TRACEML_REPORT="0",
+        LOOP_STEPS=6,
+        LOOP_FAIL_ONCE_MARKER=tmp_path / "failed-once",
+    )
+    command = [*torchrun_2(LOOP)[:2], "--nproc-per-node", "1", "--max-restarts", "1", LOOP]
+    result = run(command, env, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert warning_lines(result.stderr) == [], result.stderr[-4000:]
+    first, second = tmp_path / "logs" / "job", tmp_path / "logs" / "job-restart1"
+    assert rank_records(first)[-1][schema.STATUS] == schema.STATUS_EXCEPTION
+    records = rank_records(second)
+    assert records[-1][schema.STATUS] == schema.STATUS_COMPLETED
+    assert len(steps_of(records)) == 6
+    summary = reduce_run(second)
+    assert any("torchrun restarted this job (restart 1)" in n for n in summary["notes"])
+
+
+def test_a_derived_run_name_another_run_took_gets_the_next_free_one(tmp_path):
+    """Two launches of one script in one second derive one name: the later one's rank 0 finds
+    the rank file there and takes ``-2`` (every rank of a DDP job alike), with a note."""
+    stamp = {"TRACEML_LAUNCH_STAMP": "same-second"}
+    taken = tmp_path / "logs" / "plain_loop-same-second" / "ranks"
+    taken.mkdir(parents=True)
+    (taken / "rank_0.jsonl").write_text("")
+    env = clean_env(
+        TRACEML="1", TRACEML_LOGS_DIR=tmp_path / "logs", TRACEML_REPORT="0", LOOP_STEPS=3, **stamp
+    )
+    result = run(torchrun_2(LOOP), env, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert warning_lines(result.stderr) == [], result.stderr[-4000:]
+    run_dir = tmp_path / "logs" / "plain_loop-same-second-2"
+    for rank in (0, 1):
+        assert len(steps_of(rank_records(run_dir, rank))) == 3
+    notes = reduce_run(run_dir)["notes"]
+    assert any("plain_loop-same-second was taken by another run" in n for n in notes), notes
+
+
 def assert_rank_1_is_the_forward_straggler(
     run_dir, cwd, steps: int, integration: str, excess_ms: float = 40.0
 ) -> None:

@@ -151,3 +151,19 @@ def test_a_long_script_name_keeps_its_stamp():
 )
 def test_interpreter_target_reads_combined_flags_as_cpython(argv, target):
     assert s.interpreter_target(argv) == target
+
+
+def test_each_restart_of_a_torchrun_job_is_a_run_of_its_own(tmp_path):
+    from traceml.capture.run_name import restart_count, restarted
+
+    assert [restart_count(e) for e in ({}, {"TORCHELASTIC_RESTART_COUNT": "2"})] == [0, 2]
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "x"}) == 0
+    base = s.load_settings({"TRACEML_LOGS_DIR": str(tmp_path), "TRACEML_RUN_NAME": "job"}, ["p"])
+    assert restarted(base, 0) is base
+    again = restarted(base, 1)
+    assert again.run_name == "job-restart1" and restarted(again, 1) == again  # inherited: kept
+    long = base.replace(run_name="a" * 128)
+    assert restarted(long, 3).run_name == "a" * 119 + "-restart3"
+    assert s.is_valid_run_name(restarted(long, 3).run_name)
+    managed = base.replace(launcher_managed=True)  # traceml run's directory is the job's
+    assert restarted(managed, 1) is managed

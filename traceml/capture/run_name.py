@@ -1,10 +1,16 @@
-"""One run directory per job: ranks that derived their run name take global rank 0's."""
+"""One run directory per job: ranks that derived their run name take global rank 0's; each
+attempt of a job torchrun restarted is a run of its own."""
 
 from __future__ import annotations
 
-from traceml import console
-from traceml.settings import Settings
+import os
+from collections.abc import Mapping
 
+from traceml import console
+from traceml.settings import _NAME_MAX, Settings
+
+# torchelastic's count of the job's restarts (torchrun --max-restarts), in each worker.
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 RUN_NAME_KEY = "traceml/run_name"
 RUN_NAME_WAIT_S = 60.0
 
@@ -46,3 +52,21 @@ def adopt_rank_zero_run_name(settings: Settings, rank: int) -> Settings:
             all_ranks=True,
         )
     return settings
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """torchrun's restarts of this job so far (0 on its first attempt, or not under torchrun)."""
+    raw = (os.environ if environ is None else environ).get(ENV_RESTART_COUNT, "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+def restarted(settings: Settings, restarts: int) -> Settings:
+    """Run name ``<name>-restart<n>``: each attempt of a restarted torchrun job is a run of its
+    own (the first attempt's rank files hold its steps and its failure). Every rank derives it
+    alike; a name already so suffixed is kept. ``traceml run`` made its run directory for the
+    job: its runs are left as they are (it passes no restart option to torchrun)."""
+    suffix = f"-restart{restarts}"
+    name = settings.run_name
+    if not restarts or settings.launcher_managed or name.endswith(suffix):
+        return settings
+    return settings.replace(run_name=name[: _NAME_MAX - len(suffix)] + suffix)

@@ -23,16 +23,21 @@ def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: st
     import os
 
     from traceml.capture import at_exit
-    from traceml.capture.run_name import adopt_rank_zero_run_name
+    from traceml.capture.run_name import adopt_rank_zero_run_name, restart_count, restarted
 
     session.pid = os.getpid()
     session.rank_info = rank_info
     rank = rank_info[schema.RANK]
     console.set_rank(rank)
-    if not session.settings.run_name_explicit and rank_info[schema.WORLD_SIZE] > 1:
+    restarts = restart_count()
+    session.settings = restarted(session.settings, restarts)
+    agree = not session.settings.run_name_explicit and rank_info[schema.WORLD_SIZE] > 1
+    if agree and rank != 0:
         session.settings = adopt_rank_zero_run_name(session.settings, rank)
-    recorder = RankRecorder(session.settings, rank_info)
-    problem = recorder.open()
+    recorder, problem = _open_rank_file(session, rank_info)
+    if agree and rank == 0:
+        adopt_rank_zero_run_name(session.settings, rank)  # the name it writes, for the others
+    _note_restart(session, rank, restarts)
     if problem is not None:
         session.life.move(DISABLED)
         console.warn(f"{problem}; tracing disabled, training continues", all_ranks=True)
@@ -46,6 +51,59 @@ def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: st
         _prepare_comm_timing(session)
     session.life.move(READY)
     return True
+
+
+def _open_rank_file(session: Any, rank_info: dict[str, Any]) -> tuple[RankRecorder, str | None]:
+    """The recorder with its rank file open, or the reason it is not. A name traceml derived
+    (script and launch second) whose rank 0 file another run wrote already (two launches in
+    one second) takes the first free ``-2``, ``-3``... on rank 0, as ``traceml run`` does; the
+    other ranks take rank 0's name. A name the user chose is never changed."""
+    settings = session.settings
+    recorder = RankRecorder(settings, rank_info)
+    problem = recorder.open()
+    rank = rank_info[schema.RANK]
+    if problem is None or settings.run_name_explicit or rank != 0:
+        return recorder, problem
+    taken = settings.run_name
+    for number in range(2, 100):
+        if not (settings.run_dir / schema.RANKS_DIR / schema.rank_file_name(rank)).exists():
+            break  # not a name taken: the reason stands
+        settings = settings.replace(run_name=f"{taken}-{number}")
+        recorder = RankRecorder(settings, rank_info)
+        problem = recorder.open()
+        if problem is None:
+            from traceml.settings import pin_run_name
+
+            session.settings = settings
+            pin_run_name(settings)  # processes it starts later join this run
+            session.notes.append(
+                {
+                    "level": "warning",
+                    "code": schema.EVENT_NOTE,
+                    "message": f"the run name {taken} was taken by another run; this run is "
+                    f"{settings.run_name}",
+                }
+            )
+            break
+    return recorder, problem
+
+
+def _note_restart(session: Any, rank: int, restarts: int) -> None:
+    """torchrun restarted the job (--max-restarts): this run is one attempt of it."""
+    if not restarts or rank != 0 or session.settings.launcher_managed:
+        return
+    name, suffix = session.settings.run_name, f"-restart{restarts}"
+    base = name[: -len(suffix)] if name.endswith(suffix) else name
+    earlier = [base, *(f"{base}-restart{n}" for n in range(1, restarts))]
+    session.notes.append(
+        {
+            "level": "warning",
+            "code": schema.EVENT_NOTE,
+            "message": f"torchrun restarted this job (restart {restarts}): this run is that "
+            f"attempt only; the earlier attempts are runs of their own ({', '.join(earlier[:3])}"
+            + (", ...)" if len(earlier) > 3 else ")"),
+        }
+    )
 
 
 def mark_unsupported(session: Any, reason: str) -> None:

@@ -9,7 +9,9 @@ training DataLoader's num_workers), LOOP_REGISTER_HOOK_AT (DDP: the user's comm 
 that step), LOOP_CLOSURE=1 (each step through optimizer.step(closure), the forward and backward
 inside the closure, as L-BFGS needs), LOOP_IMPORT_LIGHTNING=1 (Lightning's seed_everything
 first: a loop that only imports Lightning), LOOP_CRASH_RANK_AT_END / LOOP_CRASH_DELAY_MS (DDP:
-that rank dies after its loop, once the delay has passed, with no exit handler run). Under
+that rank dies after its loop, once the delay has passed, with no exit handler run),
+LOOP_FAIL_ONCE_MARKER (the last rank raises at its third batch unless that file exists,
+which it creates first). Under
 torchrun (2 ranks) it trains with DDP on gloo.
 Prints ``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
@@ -196,7 +198,11 @@ def main() -> int:
     overflow_at = env_int("LOOP_OVERFLOW_AT", -1)
     stepped = 0
     closure_steps = os.environ.get("LOOP_CLOSURE")
+    fail_once = os.environ.get("LOOP_FAIL_ONCE_MARKER")
     for index, (x, y) in enumerate(loader):
+        if fail_once and rank == world - 1 and index == 2 and not os.path.exists(fail_once):
+            open(fail_once, "w").close()  # torchrun --max-restarts: the next attempt trains on
+            raise RuntimeError("the last rank fails its first attempt")
         if closure_steps:
             optimizer.step(lambda x=x, y=y: closure(model, optimizer, loss_fn, x, y))
             stepped += 1
