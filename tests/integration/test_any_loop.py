@@ -429,6 +429,18 @@ def test_a_forward_before_train_is_no_step_and_no_retry(tmp_path):
     assert summary[schema.SUMMARY_SETUP][schema.INTEGRATION] == "hf_trainer"
 
 
+def test_a_trainer_callbacks_on_optimizer_step_is_not_the_optimizer(tmp_path):
+    # Optimizer ended at traceml's on_optimizer_step, the last callback: a user's (an EMA
+    # update, 60 ms here) before it was counted as Optimizer (helper review).
+    records, stdout = traced_run(
+        tmp_path, HF, "ema", HF_STEPS=4, HF_OPTIMIZER_MS=30, HF_OPTIMIZER_CALLBACK_MS=60
+    )
+    assert "HF_RESULT global_step=4" in stdout
+    for step in steps_of(records):
+        assert 30 * 0.9 <= step[schema.OPTIMIZER] < 30 + 15, step
+        assert step[schema.RESIDUAL] >= 60 * 0.9, step
+
+
 def test_an_exception_in_a_trainer_is_recorded_and_reaches_the_user(tmp_path):
     env = traced_env(tmp_path / "logs", "raise", HF_HUB_OFFLINE="1", HF_STEPS=6, HF_RAISE_AT=4)
     result = run([PYTHON, HF], env, tmp_path, timeout=300)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from traceml import schema
+from traceml.analysis.reduce import reduce_run
 from traceml.capture.rss import RSS_EVERY_NS
 
 from procs import (
@@ -585,6 +586,27 @@ def test_validation_inside_an_accumulation_window_is_not_the_steps_residual(tmp_
         assert step[schema.RESIDUAL] < 40.0, step  # one 60 ms validation was inside each
         assert step[schema.GAP_MS] >= 55.0, step  # ... and is the gap before the step now
         assert_adds_up(step)
+
+
+def test_a_window_stopped_before_its_optimizer_step_is_not_a_step(tmp_path):
+    # A validation inside the third window stopped the fit (2 optimizer steps): the window
+    # left was reported as a third step (3 of 3 steps for global_step 2), and, shifted by
+    # the validation, as shorter than its phases ("overlapping phase hooks", Residual 0).
+    env = traced_env(tmp_path / "logs", "stopped", SHAPE="stopped_mid_window")
+    result = run([PYTHON, SHAPES], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STEPS 2" in result.stdout
+    run_dir = tmp_path / "logs" / "stopped"
+    records = rank_records(run_dir)
+    steps = steps_of(records)
+    assert [s.get(schema.OPTIMIZER_STEPPED, True) for s in steps] == [True, True, False]
+    assert steps[-1][schema.RESIDUAL] > 0 and steps[-1][schema.MICROBATCHES] == 1, steps[-1]
+    assert_adds_up(steps[-1])
+    events = [r.get("message", "") for r in records if r["kind"] == "event"]
+    assert not any("overlapping" in message for message in events), events
+    summary = reduce_run(run_dir)
+    assert summary[schema.SUMMARY_STEPS_RECORDED] == 2, summary
+    assert any("1 microbatch window(s) ended without" in n for n in summary["notes"])
 
 
 def test_the_set_up_is_no_steps_own_cost(tmp_path):

@@ -23,6 +23,16 @@ def _no_header_note(data: RankRecords) -> str:
     return f"rank {rank}: its file has no header line"
 
 
+def _unstepped_note(data: RankRecords) -> list[str]:
+    if not data.unstepped:
+        return []
+    return [
+        f"rank {data.rank}: {data.unstepped} microbatch window(s) ended without an optimizer "
+        "step (training stopped, or an epoch ended, inside an accumulation window): not "
+        f"counted as steps; their {data.unstepped_ms:.1f} ms are between steps"
+    ]
+
+
 def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
     """Sentences about one rank file's gaps and events, and its trace-max-steps message."""
     rank = data.rank
@@ -33,6 +43,7 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
     notes.extend(_damage_notes(data))
     if data.header is None:
         notes.append(_no_header_note(data))
+    notes.extend(_unstepped_note(data))
     if data.truncated_tail:
         notes.append(
             f"rank {rank}: the last line was cut short (the process was probably killed); "

@@ -43,6 +43,7 @@ _COLUMNS: tuple[str, ...] = (
     schema.MEM_PEAK_RESERVED,
     schema.RSS,
     schema.MICROBATCHES,
+    schema.OPTIMIZER_STEPPED,  # set aside by unstepped.set_aside before any statistic
     *schema.COMM_FIELDS,
     *schema.GPU_COMM_FIELDS,
     schema.TRACEML_COST_US,
@@ -73,6 +74,9 @@ class RankRecords:
     compact: bool = True
     inputs: list[dict[str, Any]] = field(default_factory=list)  # KIND_INPUT records
     samples: list[dict[str, Any]] = field(default_factory=list)  # telemetry (KIND_SAMPLE)
+    # Set by unstepped.set_aside: windows written as steps that had no optimizer step.
+    unstepped: int = 0
+    unstepped_ms: float = 0.0
 
     @property
     def step_count(self) -> int:

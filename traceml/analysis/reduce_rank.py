@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from traceml import schema
-from traceml.analysis import job_series, resources, stats, workers
+from traceml.analysis import job_series, resources, stats, unstepped, workers
 from traceml.analysis.clean import clean_records
 from traceml.analysis.notes import rank_notes
 from traceml.analysis.rankfile import RankRecords, read_rank_file
@@ -304,6 +304,7 @@ def summarise_rank(path: Path, rank: int, warmup: int) -> dict[str, Any]:
 
 def summarise_records(data: RankRecords, warmup: int) -> dict[str, Any]:
     """:func:`summarise_rank` for records already in memory (the live view's window)."""
+    unstepped.set_aside(data)
     clean_records(data)
     notes, max_steps_message = rank_notes(data)
     entry, sketches, sums = reduce_rank(data, warmup)

@@ -1,19 +1,16 @@
 """The phase clock: boundary timestamps in, one step record per optimizer update out.
 
-Pure Python over integers from ``time.perf_counter_ns`` (the caller passes them in, so tests
-are exact). The Lightning callback tells the clock where each phase begins and ends; the clock
-groups the microbatches of one gradient-accumulation window into one step and computes
-Residual as the part of the step no phase explains, so the phases and Residual always add up
-to the step time.
+Pure Python over ``time.perf_counter_ns`` integers the caller passes in (tests are exact). The
+callback says where each phase begins and ends; the clock groups one accumulation window's
+microbatches into one step, whose Residual is what no phase explains: they add up.
 
 A step spans from the training DataLoader fetch of its first microbatch (or, at an epoch's
 start, from the creation of the DataLoader iterator) to ``on_train_batch_end`` of its last
 microbatch. Time between steps (validation, checkpointing, epoch ends) is reported as the next
 step's ``gap_ms``, never inside a step.
 
-A step ends as a :class:`~traceml.capture.closed_step.ClosedStep` (``batch_closed``): the
-clock's raw integers, whose record (rounding, Residual, comm fields) the sink's flusher builds
-off the training thread; ``batch_ended`` returns the record at once.
+A step ends as a :class:`~traceml.capture.closed_step.ClosedStep` (``batch_closed``): raw
+integers, whose record the flusher builds off the training thread (``batch_ended``: at once).
 """
 
 from __future__ import annotations
@@ -347,11 +344,14 @@ class StepClock:
         return index, before  # type: ignore[return-value]
 
     def paused(self, start_ns: int, end_ns: int) -> None:
-        """Not the step's work between two of its microbatches (validation inside an
-        accumulation window): the step starts that much later, the time is its gap."""
-        group = self._group
-        if group is not None and self._micro is None and end_ns > start_ns:
-            group.start_ns += end_ns - start_ns
+        """Not the step's work between two of its microbatches (validation inside an accumulation
+        window): the step starts that much later, the time is its gap; so do its phases end
+        where they ended before it (where a window closed unstepped ends: epoch_closed)."""
+        group, pause = self._group, end_ns - start_ns
+        if group is not None and self._micro is None and pause > 0:
+            group.start_ns += pause
+            if group.phase_end_ns is not None and group.phase_end_ns <= start_ns:
+                group.phase_end_ns += pause
 
     def epoch_closed(
         self, now_ns: int, global_step: int | None = None, epoch: int | None = None

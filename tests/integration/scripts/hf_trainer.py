@@ -6,7 +6,8 @@ backward, optimizer step), HF_EVAL_STEPS (evaluate every N steps; 0: never), HF_
 from the model's forward at this call), HF_OOM_AT (an out-of-memory error at this call, with
 auto_find_batch_size: the Trainer retries with half the batch), HF_SANITY=1 (a forward in
 train mode before train(): a sanity check of the model), HF_CALLBACK_RAISE_AT (a callback's
-on_step_end raises at this global step, after its optimizer step).
+on_step_end raises at this global step, after its optimizer step), HF_OPTIMIZER_CALLBACK_MS (a
+callback's on_optimizer_step sleeps, as an EMA update would).
 Prints ``HF_RESULT global_step=<n>``.
 """
 
@@ -104,6 +105,13 @@ class RaiseAtStepEnd(TrainerCallback):
             raise RuntimeError(f"callback failed at step {state.global_step}'s end")
 
 
+class SlowAfterOptimizerStep(TrainerCallback):
+    """HF_OPTIMIZER_CALLBACK_MS: an EMA update or a gradient logger, after each update."""
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        time.sleep(env_ms("HF_OPTIMIZER_CALLBACK_MS"))
+
+
 def print_weights(model: torch.nn.Module, global_step: int) -> None:
     """The fault-injection suite compares these with an untraced run's, bit for bit."""
     import hashlib
@@ -160,6 +168,8 @@ def main() -> int:
         )
         if os.environ.get("HF_CALLBACK_RAISE_AT"):  # (before traceml's, added at train())
             trainer.add_callback(RaiseAtStepEnd())
+        if os.environ.get("HF_OPTIMIZER_CALLBACK_MS"):
+            trainer.add_callback(SlowAfterOptimizerStep())
         if os.environ.get("HF_SANITY"):
             sample = Texts(1)[0]
             model(**{key: value[None] for key, value in sample.items()})

@@ -10,6 +10,8 @@
   its optimizer step (the script prints the global step, then exits 1 with the traceback).
 - ``optimizer_step_raises``: the module's ``optimizer_step`` raises at the sixth step, after
   the optimizer's step returned (Lightning counts 5 steps).
+- ``stopped_mid_window``: 3 microbatches a step; a validation after the seventh batch (the
+  first microbatch of the third window) stops the fit (``should_stop``): 2 optimizer steps.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ class RaiseAtBatchEnd(pl.Callback):  # a checkpoint or logging callback that fai
             raise RuntimeError("callback failed at the sixth step's end")
 
 
+class StopAfterValidation(pl.Callback):  # early stopping, as EarlyStopping decides it
+    def on_validation_end(self, trainer, pl_module) -> None:
+        trainer.should_stop = True
+
+
 def points(batches: int) -> TensorDataset:
     return TensorDataset(torch.randn(4 * batches, 4), torch.randn(4 * batches, 1))
 
@@ -124,6 +131,17 @@ if __name__ == "__main__":
     elif SHAPE == "optimizer_step_raises":
         trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, **QUIET)
         trainer.fit(RaiseAfterStepping(), DataLoader(points(9), batch_size=4))
+    elif SHAPE == "stopped_mid_window":
+        trainer = pl.Trainer(
+            max_epochs=1,
+            num_sanity_val_steps=0,
+            accumulate_grad_batches=3,
+            val_check_interval=7,
+            limit_val_batches=2,
+            callbacks=[StopAfterValidation()],
+            **QUIET,
+        )
+        trainer.fit(Validating(), DataLoader(points(12), 4), DataLoader(points(2), 4))
     else:
         raise SystemExit(f"unknown SHAPE {SHAPE!r}")
     print("STEPS", trainer.global_step)

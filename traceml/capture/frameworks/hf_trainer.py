@@ -104,6 +104,7 @@ class StepEvents:
         self.capture = capture
         self.began = False  # the Trainer's loop began once: a second begin is a retry
         self.last_step: Any = None  # the global step at the last step's end (or the begin)
+        self.returns = 0  # the capture's optimizer_returns at the last on_pre_optimizer_step
 
     # The guard adds each event's time to its owner's: the capture's, which the session counts
     # (a count of the callback's own would never reach ``traceml_us``).
@@ -135,12 +136,16 @@ class StepEvents:
 
     @entry_point("hf_trainer.on_pre_optimizer_step", "the Trainer's on_pre_optimizer_step")
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.returns = self.capture.optimizer_returns
         if self.capture.tracing:
             self.capture.session.optimizer_started()
 
     @entry_point("hf_trainer.on_optimizer_step", "the Trainer's on_optimizer_step")
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.capture.tracing:
+        # Optimizer ended where optimizer.step() returned (torch's post-hook), before the
+        # user's on_optimizer_step callbacks (an EMA update: Residual), which run before this
+        # one; here only where no step returned (AMP's GradScaler skipped it).
+        if self.capture.tracing and self.capture.optimizer_returns == self.returns:
             self.capture.session.optimizer_ended()
 
     @entry_point("hf_trainer.on_step_end", "the Trainer's on_step_end event")

@@ -91,6 +91,7 @@ class LoopCapture:
         self._forward_depth = 0
         self._noted: set[str] = set()
         self.step_ends_at_optimizer = True  # the HF adapter ends steps at on_step_end instead
+        self.optimizer_returns = 0  # (the HF adapter: its on_optimizer_step comes later)
         self.stood_down = False
 
     # -- installing ------------------------------------------------------------------------
@@ -313,6 +314,9 @@ class LoopCapture:
             self.hooks.roots_found()  # no more global forward hooks
         if self.step_ends_at_optimizer:
             self.step_ended()
+        else:  # the HF Trainer: Optimizer ends here, before the callbacks' on_optimizer_step
+            self.optimizer_returns += 1
+            self.session.optimizer_ended()
 
     @entry_point("torch_loop.scaler_skipped", "after GradScaler.step skipped optimizer.step")
     def scaler_skipped(self, optimizer: Any) -> None:
