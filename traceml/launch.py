@@ -269,6 +269,18 @@ def start_live_view(
     files: the training processes do nothing for it). Returns the monitor, or None."""
     from traceml.present import live
 
+    if args.node_rank and not settings.run_name_explicit:
+        # The ranks take global rank 0's derived name, which this node's launcher never
+        # learns: a directory named here would never exist (helper review).
+        from traceml.files import display_path
+
+        print(
+            f"traceml: node {args.node_rank}: the ranks write into node 0's run directory "
+            f"(under {display_path(settings.logs_dir)}); node 0 shows the live view and "
+            "writes the report (--run-name names it on every node)",
+            file=sys.stderr,
+        )
+        return None
     world_size = args.nnodes * args.nproc_per_node
     try:
         fd = sys.stderr.fileno()

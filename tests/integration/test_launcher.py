@@ -280,6 +280,9 @@ def test_two_nodes_simulated_on_one_machine(tmp_path, tiny):
     assert sorted(r["node_rank"] for r in summary["ranks"]) == [0, 1]
     assert "Verdict:" in outputs[0][1] and "Verdict:" not in outputs[0][0]  # on stderr
     assert "node 1 finished" in outputs[1][1]
+    # Node 1 named no directory of its own, which would never exist (helper review).
+    assert "the ranks write into node 0's run directory" in outputs[1][1]
+    assert "traceml watch" not in outputs[1][1]
     # Each node reduced its own rank into a partial; node 0 merged them (no fallback note).
     partials = sorted(p.name for p in (run_dir / "partials").iterdir())
     assert partials == ["node_0.json", "node_1.json"]

@@ -200,3 +200,22 @@ def test_a_damaged_header_schema_leaves_the_steps_readable(tmp_path, version):
     assert data.header is None
     assert data.bad_schema == repr(version)
     assert data.step_count > 0
+
+
+def test_the_header_names_the_launch(tmp_path, monkeypatch):
+    """Two jobs given one run name at once differ here: torchelastic's run id, the rendezvous."""
+    from traceml.capture.recorder import build_header
+    from traceml.settings import Settings
+
+    def job() -> object:
+        settings = Settings(logs_dir=tmp_path, run_name="job")
+        kwargs = dict(integration="torch", device={}, clock_origin_unix=0.0, timing="host")
+        return build_header(settings, {schema.RANK: 0}, **kwargs)[schema.JOB]
+
+    for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert job() is None  # one process
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "3f2a")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert job() == "3f2a|127.0.0.1|29500"

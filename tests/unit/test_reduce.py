@@ -112,6 +112,10 @@ def test_rank_files_of_different_runs_in_one_directory_are_named(tmp_path):
     write_rank(tmp_path, 1, [header(1, world_size=2), step(0, forward=9), footer(1)])
     write_rank(tmp_path, 0, [header(0, world_size=2), step(0, forward=5), footer(1)])
     assert not any("different runs" in n for n in reduce_run(tmp_path)["notes"])
+    # Two torchrun jobs given one run name at once: each wrote one rank of it (helper review).
+    write_rank(tmp_path, 1, [header(1, world_size=2, job="id-b|h|29501"), footer(0)])
+    notes = reduce_run(tmp_path)["notes"]
+    assert any("different runs" in n and "launch 'id-b|h|29501'" in n for n in notes), notes
 
 
 def test_step_records_out_of_order_or_repeated_are_named(tmp_path):

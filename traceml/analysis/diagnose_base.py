@@ -37,11 +37,13 @@ NEXT_STEPS = {
     ),
     OPTIMIZER_HEAVY: (
         "Try a fused or foreach optimizer (e.g. AdamW(fused=True)), fewer parameter groups, "
-        "or gradient accumulation to step less often; clipping and EMA updates count here too."
+        "or gradient accumulation to step less often; with Lightning, gradient clipping and "
+        "on_before_optimizer_step hooks count here too."
     ),
     RESIDUAL_HEAVY: (
-        "Residual is the loss, Hungarian matching, logging and callbacks: profile "
-        "training_step around the model call (torch.profiler) and log less often."
+        "Residual is the loss (RF-DETR's Hungarian matching), logging and callbacks (an EMA "
+        "update): profile training_step around the model call (torch.profiler) and log less "
+        "often."
     ),
     COMPUTE_BOUND: (
         "The model is the bottleneck, as it should be: for more speed try mixed precision, "

@@ -185,18 +185,20 @@ def missing_ranks_note(missing: list[int], headers: dict[int, dict[str, Any]]) -
 
 
 def mixed_runs_note(headers: dict[int, dict[str, Any]]) -> str | None:
-    """A note when the rank files' headers name more than one run or world size: files of
-    different runs copied into one directory, whose figures would mix unseen."""
+    """A note when the rank files' headers name more than one run, world size or launch: files
+    of different runs copied into one directory, or two jobs given one run name at once (each
+    wrote the ranks whose files it created first), whose figures would mix unseen."""
     named = {
-        rank: (header.get(schema.RUN), header.get(schema.WORLD_SIZE))
+        rank: (header.get(schema.RUN), header.get(schema.WORLD_SIZE), header.get(schema.JOB))
         for rank, header in headers.items()
         if header.get(schema.RUN) is not None
     }
     if len(set(named.values())) <= 1:
         return None
+    jobs = len({job for _run, _world, job in named.values()}) > 1
     listing = "; ".join(
-        f"rank {rank}: run {run!r}, world size {world}"
-        for rank, (run, world) in sorted(named.items())[:8]
+        f"rank {rank}: run {run!r}, world size {world}" + (f", launch {job!r}" if jobs else "")
+        for rank, (run, world, job) in sorted(named.items())[:8]
     )
     return (
         f"the rank files come from different runs ({listing}): these figures mix them; give "

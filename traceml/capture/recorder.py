@@ -232,6 +232,7 @@ def build_header(
         **rank_info,
         schema.HOST: socket.gethostname(),
         schema.PID: os.getpid(),
+        schema.JOB: _job_identity(),
         schema.STARTED_AT: utc_now(),
         schema.CLOCK_ORIGIN_UNIX: clock_origin_unix,
         schema.VERSIONS: package_versions(),
@@ -243,3 +244,12 @@ def build_header(
     }
     header.update(extra or {})
     return header
+
+
+def _job_identity() -> str | None:
+    """Every rank of one launch reads the same; two launches at once cannot (a rendezvous
+    address is one job's while it runs; --standalone draws a run id per job)."""
+    parts = [
+        os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+    ]
+    return "|".join(parts) if any(parts) else None
