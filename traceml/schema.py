@@ -133,9 +133,7 @@ LOCAL_WORLD_SIZE = "local_world_size"  # ranks per node
 NODE_RANK = "node_rank"
 HOST = "host"
 PID = "pid"
-# The launch that wrote the file: torchelastic's run id (a fresh one per --standalone job) and
-# the rendezvous address, or null (one process): two jobs given one run name differ here.
-JOB = "job"
+JOB = "job"  # the launch: torchelastic's run id and rendezvous port (null: one process)
 STARTED_AT = "started_at"  # ISO-8601, UTC
 CLOCK_ORIGIN_UNIX = "clock_origin_unix"  # wall time (s) at perf_counter origin, to align ranks
 VERSIONS = "versions"

@@ -324,3 +324,35 @@ def test_a_damaged_line_in_the_middle_says_how_many_steps_went_with_it(tmp_path,
     assert code == 0
     notes = " ".join(orjson.loads((tmp_path / schema.SUMMARY_JSON).read_bytes())["notes"])
     assert "1 unreadable lines skipped, with 1 of the 30 steps the rank wrote" in notes, notes
+
+
+class _KeyedStore:
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key, value):
+        self.values[key] = value.encode() if isinstance(value, str) else value
+
+    def wait(self, keys, timeout):
+        missing = [key for key in keys if key not in self.values]
+        if missing:
+            raise TimeoutError(f"no {missing}")
+
+    def get(self, key):
+        return self.values[key]
+
+
+def test_a_restarted_attempt_never_adopts_the_last_attempts_run_name(monkeypatch, tmp_path):
+    # torchrun keeps its store across restarts: rank 1 read the first attempt's name, found
+    # its own old rank file there and ran untraced (review).
+    from traceml.capture.run_name import adopt_rank_zero_run_name
+
+    store = _KeyedStore()  # (its wait fails at once where a real one would block)
+    _fake_torch_distributed(monkeypatch, store)
+    first = Settings(logs_dir=tmp_path, run_name="job", run_name_explicit=False)
+    adopt_rank_zero_run_name(first, rank=0)  # the first attempt's rank 0
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    mine = first.replace(run_name="job-restart1")
+    assert adopt_rank_zero_run_name(mine, rank=1).run_name == "job-restart1"  # not "job"
+    adopt_rank_zero_run_name(mine.replace(run_name="job-restart1-2"), rank=0)
+    assert adopt_rank_zero_run_name(mine, rank=1).run_name == "job-restart1-2"

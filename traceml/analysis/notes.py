@@ -50,9 +50,9 @@ def rank_notes(data: RankRecords) -> tuple[list[str], str | None]:
             f"{data.step_count} complete steps kept"
         )
     if data.bad_lines:
-        # A damaged line in the middle may hold many steps (a rows line): say how many went.
+        # A damaged line may hold many steps (a rows line); the footer counts set-aside windows.
         written = (data.footer or {}).get(schema.STEPS)
-        lost = written - data.step_count if type(written) is int else 0
+        lost = written - data.step_count - data.unstepped if type(written) is int else 0
         notes.append(
             f"rank {rank}: {data.bad_lines} unreadable lines skipped"
             + (f", with {lost} of the {written} steps the rank wrote" if lost > 0 else "")

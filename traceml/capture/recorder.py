@@ -247,9 +247,8 @@ def build_header(
 
 
 def _job_identity() -> str | None:
-    """Every rank of one launch reads the same; two launches at once cannot (a rendezvous
-    address is one job's while it runs; --standalone draws a run id per job)."""
-    parts = [
-        os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
-    ]
+    """Every rank of one launch reads the same; two launches at once cannot (a rendezvous port
+    is one job's while it runs; --standalone draws a run id per job). Not the rendezvous
+    address: with a static rendezvous each node's workers get their own node's spelling."""
+    parts = [os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_PORT")]
     return "|".join(parts) if any(parts) else None

@@ -32,11 +32,14 @@ def adopt_rank_zero_run_name(settings: Settings, rank: int) -> Settings:
         if not (dist.is_available() and dist.is_initialized()):
             return settings
         store = distributed_c10d._get_default_store()
+        # One key per attempt: torchrun keeps its store across restarts, where the last
+        # attempt's name would be waiting already (review).
+        key = f"{RUN_NAME_KEY}/{restart_count()}"
         if rank == 0:
-            store.set(RUN_NAME_KEY, settings.run_name)
+            store.set(key, settings.run_name)
             return settings
-        store.wait([RUN_NAME_KEY], timedelta(seconds=RUN_NAME_WAIT_S))
-        name = store.get(RUN_NAME_KEY).decode()
+        store.wait([key], timedelta(seconds=RUN_NAME_WAIT_S))
+        name = store.get(key).decode()
         from traceml.settings import is_valid_run_name
 
         # Any process that reaches the store can write this key: a name that is not safe

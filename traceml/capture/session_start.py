@@ -34,9 +34,11 @@ def open_session(session: Any, rank_info: dict[str, Any], unsupported_reason: st
     agree = not session.settings.run_name_explicit and rank_info[schema.WORLD_SIZE] > 1
     if agree and rank != 0:
         session.settings = adopt_rank_zero_run_name(session.settings, rank)
-    recorder, problem = _open_rank_file(session, rank_info)
-    if agree and rank == 0:
-        adopt_rank_zero_run_name(session.settings, rank)  # the name it writes, for the others
+    try:
+        recorder, problem = _open_rank_file(session, rank_info)
+    finally:  # (also if that raised: the others wait for it)
+        if agree and rank == 0:
+            adopt_rank_zero_run_name(session.settings, rank)  # the name it writes, for them
     _note_restart(session, rank, restarts)
     if problem is not None:
         session.life.move(DISABLED)
