@@ -122,6 +122,10 @@ def test_diagnosis_change_and_setup_differences(tmp_path):
     assert "the input fix worked" in result["diagnosis"]["message"]
     assert "batch size: 2 -> 4" in result["setup_differences"]
     assert result["changes"] == ["DataLoader workers: 0 -> 2"]
+    assert not any("warm-up" in d for d in result["setup_differences"])
+    data_b["thresholds"]["warmup_steps"] = 10  # a report made again with another warm-up
+    (warmup,) = [d for d in compare(load_summary(a), data_b)["setup_differences"] if "warm" in d]
+    assert warmup.startswith("warm-up steps skipped: 2 -> 10"), warmup
 
 
 def test_different_world_sizes_or_devices_are_inconclusive(tmp_path):

@@ -44,6 +44,14 @@ def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], 
         if versions_a.get(package) != versions_b.get(package):
             before, after = versions_a.get(package), versions_b.get(package)
             unfair.append(f"{package}: {_arrow(before, after, 'not recorded')}")
+    # Each report skips its own warm-up (--threshold warmup_steps): steps analysed from
+    # different points, early slow steps counted on one side only.
+    warmups = [(s.get(schema.SUMMARY_THRESHOLDS) or {}).get("warmup_steps") for s in (a, b)]
+    if warmups[0] != warmups[1]:
+        unfair.append(
+            f"warm-up steps skipped: {_arrow(*warmups, 'unknown')} (make one report again with "
+            "--threshold warmup_steps=N)"
+        )
     changed = [
         f"{name}: {_arrow(setup_a.get(key), setup_b.get(key), _missing(key))}"
         for key, name in _CHANGE_KEYS
