@@ -76,7 +76,12 @@ def _main(argv: Sequence[str] | None) -> int:
     head, script_args = (
         _split_script_args(args_list) if args_list[:1] == ["run"] else (args_list, [])
     )
-    args = parser.parse_args(head)
+    args, unknown = parser.parse_known_args(head)
+    if unknown:  # (argparse's own message, with the way out for `run`: a script's options)
+        hint = f"; the script's own go after --args: ... --args {' '.join(unknown)}"
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}" + (hint if args.command == "run" else "")
+        )
     args.script_args = script_args
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -290,6 +290,14 @@ def test_two_nodes_simulated_on_one_machine(tmp_path, tiny):
     assert_no_orphans(tmp_path)
 
 
+def test_a_scripts_option_before_args_says_where_it_goes(tmp_path):
+    # `traceml run train.py --epochs 3` (no --args): argparse's line named no way out.
+    command = [PYTHON, "-m", "traceml", "run", "train.py", "--epochs", "3"]
+    result = run(command, clean_env(), tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "... --args --epochs 3" in result.stderr
+
+
 def test_missing_script_is_one_line_exit_2(tmp_path):
     result = run([PYTHON, "-m", "traceml", "run", "nope.py"], clean_env(), tmp_path)
     assert result.returncode == 2

@@ -323,6 +323,33 @@ def test_init_twice_gives_one_callback_and_conflicts_are_errors(tmp_path):
     assert "traceml.init() ignored" in result.stderr
 
 
+def test_init_takes_its_arguments_over_the_environment_and_warns_once(tmp_path):
+    # (helper review) A bad TRACEML_* value warned twice when the script also called init();
+    # init(run_name=...) lost to a bad TRACEML_RUN_NAME; TRACEML=0 did not turn init() off;
+    # init(trace_max_steps=2.7) was cut to 2.
+    code = (
+        "import traceml\n"
+        "from traceml.capture import bootstrap\n"
+        "traceml.init(run_name='chosen')\n"
+        "s = bootstrap.active_settings()\n"
+        "print('NAME', s and s.run_name)\n"
+        "for bad in ({'trace_max_steps': 2.7}, {'run_name': 5}, {'logs_dir': ''}):\n"
+        "    try:\n"
+        "        traceml.init(**bad)\n"
+        "    except ValueError as exc:\n"
+        "        print('REFUSED', exc)\n"
+    )
+    bad_name = {"TRACEML_RUN_NAME": "../bad", "TRACEML_LOGS_DIR": tmp_path / "logs"}
+    result = run([PYTHON, "-c", code], clean_env(**bad_name), tmp_path)
+    assert "NAME chosen" in result.stdout and warning_lines(result.stderr) == [], result.stderr
+    assert result.stdout.count("REFUSED") == 3, result.stdout
+    result = run([PYTHON, "-c", code], clean_env(TRACEML="1", **bad_name), tmp_path)
+    assert "NAME None" in result.stdout
+    assert len(warning_lines(result.stderr)) == 1, result.stderr  # the start-up's, once
+    result = run([PYTHON, "-c", code], clean_env(TRACEML="0", **bad_name), tmp_path)
+    assert "NAME None" in result.stdout and warning_lines(result.stderr) == []
+
+
 def test_unsupported_setup_is_named_and_trains_natively(tmp_path):
     result, run_dir = traced(tmp_path, TINY_BATCHES=5, TINY_MANUAL="1")
     assert result.returncode == 0, result.stderr

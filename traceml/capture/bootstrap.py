@@ -107,6 +107,7 @@ def activate(
                 "the program runs untraced"
             )
         _state.settings = None
+        _state.source = "env-failed"  # (manual.ENV_FAILED: a later init() says nothing more)
         return False
 
 

@@ -8,13 +8,31 @@ compatible call does nothing.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from traceml import console
 from traceml.capture import bootstrap
 from traceml.capture.guard import entry_point
-from traceml.settings import is_valid_run_name, load_settings
+from traceml.settings import (
+    ENV_ENABLE,
+    ENV_LOGS_DIR,
+    ENV_REPORT,
+    ENV_RUN_NAME,
+    ENV_RUN_NAME_DERIVED,
+    ENV_TRACE_MAX_STEPS,
+    is_valid_run_name,
+    load_settings,
+)
+
+ENV_FAILED = "env-failed"  # bootstrap's activation source when TRACEML=1 could not start
+_ENV_OF = {
+    "logs_dir": ENV_LOGS_DIR,
+    "run_name": ENV_RUN_NAME,
+    "trace_max_steps": ENV_TRACE_MAX_STEPS,
+    "report": ENV_REPORT,
+}
 
 
 class TraceMLConfigError(RuntimeError):
@@ -37,21 +55,27 @@ def init(
     """
     requested: dict[str, Any] = {}
     if logs_dir is not None:
+        if not str(logs_dir).strip():
+            raise ValueError("logs_dir needs a directory (the default is ./logs)")
         requested["logs_dir"] = Path(logs_dir).expanduser().resolve()
     if run_name is not None:
-        if not is_valid_run_name(run_name):
+        if not isinstance(run_name, str) or not is_valid_run_name(run_name):
             raise ValueError(
                 f"run_name={run_name!r} is not a safe run name "
                 "([A-Za-z0-9._-], starting with a letter or digit)"
             )
         requested["run_name"] = run_name
     if trace_max_steps is not None:
-        if int(trace_max_steps) < 1:
-            raise ValueError("trace_max_steps must be at least 1")
-        requested["trace_max_steps"] = int(trace_max_steps)
+        if type(trace_max_steps) is not int or trace_max_steps < 1:  # (2.7 was cut to 2)
+            raise ValueError(f"trace_max_steps={trace_max_steps!r}: a whole number, at least 1")
+        requested["trace_max_steps"] = trace_max_steps
     if report is not None:
         requested["report"] = bool(report)
 
+    if os.environ.get(ENV_ENABLE, "").strip() == "0":
+        return  # TRACEML=0: off, also for a script that calls init() (a kill switch)
+    if bootstrap.activation_source() == ENV_FAILED:
+        return  # TRACEML=1 with a value traceml cannot use: warned once at start, untraced
     current = bootstrap.active_settings()
     if current is not None:
         conflicts = [
@@ -63,7 +87,8 @@ def init(
             return
         if bootstrap.activation_source() == "env":
             console.warn(
-                "traceml.init() ignored: the launch already configured "
+                "traceml.init() ignored: the launch (TRACEML=1 and its TRACEML_* variables, "
+                "or names derived from them) already set "
                 + ", ".join(conflicts)
                 + "; keeping the launch configuration"
             )
@@ -78,7 +103,12 @@ def init(
 def _activate(requested: dict[str, Any]) -> None:
     """Turn tracing on with ``requested`` (a TRACEML_* value traceml cannot use turns it off
     with one warning, like any failure inside traceml)."""
-    settings = load_settings()
+    # An argument given in code beats the variable of the same setting (a bad value there
+    # included: the script said what it wants).
+    replaced = {_ENV_OF[key] for key in requested}
+    if "run_name" in requested:
+        replaced.add(ENV_RUN_NAME_DERIVED)
+    settings = load_settings({k: v for k, v in os.environ.items() if k not in replaced})
     if "run_name" in requested:
         requested["run_name_explicit"] = True
     bootstrap.activate_manually(settings.replace(**requested))
