@@ -625,3 +625,12 @@ def test_an_output_over_an_input_whose_name_is_not_utf8_is_refused(tmp_path, cap
     err = capsys.readouterr().err
     assert "would overwrite" in err and "run\\xff" in err and err.count("\n") == 1
     assert a.read_bytes() == before
+
+
+def test_a_run_compared_with_itself_names_its_own_cost_once(tmp_path):
+    a, _ = make_summary(tmp_path / "a", steps=50, **BASE)
+    data = load_summary(a)
+    step_ms = data["overall"]["phases"]["step_ms"]["mean"]
+    data["overall"]["phases"]["traceml_us"] = {"mean": step_ms * 1000 * 0.05}  # 5% of a step
+    notes = compare(data, data)["notes"]
+    assert len([n for n in notes if n.startswith("traceml's own cost")]) == 1, notes

@@ -79,7 +79,7 @@ def own_cost_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) -
                 f"{measured[0]:.0f} us per step, {measured[1] * 100:.1f}% of step time (over "
                 f"{OWN_COST_WARN:.0%}): changes of that size may be traceml's, not the training's"
             )
-    return notes
+    return list(dict.fromkeys(notes))  # (one run on both sides: said once)
 
 
 # Verdicts that name a problem (a change away from one is news).
