@@ -636,6 +636,21 @@ def test_a_window_stopped_before_its_optimizer_step_is_not_a_step(tmp_path):
     assert any("1 microbatch window(s) ended without" in n for n in summary["notes"])
 
 
+def test_a_test_pass_inside_the_fits_end_leaves_it_completed(tmp_path):
+    # on_fit_end running trainer.test() (RF-DETR's run_test=True) made Lightning tear the fit
+    # down as stage "test": the session stayed open, the exit handler wrote "interrupted",
+    # and traceml's callback stayed in trainer.callbacks after the fit.
+    env = traced_env(tmp_path / "logs", "tested", SHAPE="test_at_fit_end")
+    result = run([PYTHON, SHAPES], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STEPS 4" in result.stdout
+    plain = run([PYTHON, SHAPES], clean_env(SHAPE="test_at_fit_end"), tmp_path)
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("CALLBACKS")]
+    assert line in plain.stdout.splitlines()  # the trainer's callbacks as untraced
+    records = rank_records(tmp_path / "logs" / "tested")
+    assert records[-1]["status"] == "completed" and len(steps_of(records)) == 4
+
+
 def test_the_set_up_is_no_steps_own_cost(tmp_path):
     # traceml's set-up (the fit's setup and on_train_start hooks: ~40 ms) was the first step's
     # traceml_us: a one-step run (fast_dev_run) reported traceml's cost as 10x its step.

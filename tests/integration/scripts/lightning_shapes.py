@@ -10,6 +10,8 @@
   its optimizer step (the script prints the global step, then exits 1 with the traceback).
 - ``optimizer_step_raises``: the module's ``optimizer_step`` raises at the sixth step, after
   the optimizer's step returned (Lightning counts 5 steps).
+- ``test_at_fit_end``: a callback's ``on_fit_end`` runs ``trainer.test`` (as RF-DETR's
+  ``run_test=True`` does); prints the callbacks' types after the fit.
 - ``stopped_mid_window``: 3 microbatches a step; a validation after the seventh batch (the
   first microbatch of the third window) stops the fit (``should_stop``): 2 optimizer steps.
 """
@@ -83,6 +85,16 @@ class RaiseAtBatchEnd(pl.Callback):  # a checkpoint or logging callback that fai
             raise RuntimeError("callback failed at the sixth step's end")
 
 
+class Testing(Module):
+    def test_step(self, batch, _index) -> None:
+        pass
+
+
+class TestAtFitEnd(pl.Callback):
+    def on_fit_end(self, trainer, pl_module) -> None:
+        trainer.test(pl_module, DataLoader(points(2), 4), verbose=False)
+
+
 class StopAfterValidation(pl.Callback):  # early stopping, as EarlyStopping decides it
     def on_validation_end(self, trainer, pl_module) -> None:
         trainer.should_stop = True
@@ -131,6 +143,10 @@ if __name__ == "__main__":
     elif SHAPE == "optimizer_step_raises":
         trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, **QUIET)
         trainer.fit(RaiseAfterStepping(), DataLoader(points(9), batch_size=4))
+    elif SHAPE == "test_at_fit_end":
+        trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, callbacks=[TestAtFitEnd()], **QUIET)
+        trainer.fit(Testing(), DataLoader(points(4), batch_size=4))
+        print("CALLBACKS", sorted(type(c).__name__ for c in trainer.callbacks))
     elif SHAPE == "stopped_mid_window":
         trainer = pl.Trainer(
             max_epochs=1,

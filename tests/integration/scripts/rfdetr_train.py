@@ -43,6 +43,7 @@ def main() -> int:
         model.train(
             epochs=int(os.environ.get("RFD_EPOCHS", "1")),
             grad_accum_steps=int(os.environ.get("RFD_GRAD_ACCUM", "1")),
+            run_test=bool(os.environ.get("RFD_RUN_TEST")),  # a test pass inside the fit's end
             multi_scale=False,
             tensorboard=False,
             **common,
