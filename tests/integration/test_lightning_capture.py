@@ -330,7 +330,8 @@ def test_init_takes_its_arguments_over_the_environment_and_warns_once(tmp_path):
     code = (
         "import traceml\n"
         "from traceml.capture import bootstrap\n"
-        "traceml.init(run_name='chosen')\n"
+        "import numpy\n"
+        "traceml.init(run_name='chosen', trace_max_steps=numpy.int64(5))  # an integer: fine\n"
         "s = bootstrap.active_settings()\n"
         "print('NAME', s and s.run_name)\n"
         "for bad in ({'trace_max_steps': 2.7}, {'run_name': 5}, {'logs_dir': ''}):\n"
@@ -346,8 +347,9 @@ def test_init_takes_its_arguments_over_the_environment_and_warns_once(tmp_path):
     result = run([PYTHON, "-c", code], clean_env(TRACEML="1", **bad_name), tmp_path)
     assert "NAME None" in result.stdout
     assert len(warning_lines(result.stderr)) == 1, result.stderr  # the start-up's, once
-    result = run([PYTHON, "-c", code], clean_env(TRACEML="0", **bad_name), tmp_path)
-    assert "NAME None" in result.stdout and warning_lines(result.stderr) == []
+    for off in ("0", "off"):  # the start-up hook's rule for TRACEML, init() too
+        result = run([PYTHON, "-c", code], clean_env(TRACEML=off, **bad_name), tmp_path)
+        assert "NAME None" in result.stdout and warning_lines(result.stderr) == []
 
 
 def test_unsupported_setup_is_named_and_trains_natively(tmp_path):

@@ -79,3 +79,21 @@ def test_installed_start_up_files_are_the_repository_s():
         if not installed.exists():
             pytest.skip(f"{name} is not installed in {site} (run scripts/env.sh)")
         assert installed.read_text() == (ROOT / name).read_text(), name
+
+
+def test_init_does_not_turn_tracing_on_again_after_a_failure(monkeypatch, tmp_path):
+    # A failure no callback owns turns tracing off for the process (guard -> deactivate); a
+    # later traceml.init() (a notebook cell run again) turned it back on (review).
+    from traceml.capture import bootstrap, manual
+
+    monkeypatch.setattr(bootstrap, "register_integrations", lambda hooks=None: None)
+    monkeypatch.delenv("TRACEML", raising=False)
+    bootstrap.reset_for_tests()
+    try:
+        manual.init(logs_dir=tmp_path, run_name="first")
+        assert bootstrap.active_settings() is not None
+        bootstrap.deactivate()
+        manual.init(logs_dir=tmp_path, run_name="first")
+        assert bootstrap.active_settings() is None
+    finally:
+        bootstrap.reset_for_tests()

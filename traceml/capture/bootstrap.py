@@ -35,6 +35,7 @@ INTEGRATION_HOOKS: dict[str, str] = {
     "accelerate.launchers": "traceml.capture.frameworks.torch_spawn:on_accelerate_launchers",
 }
 
+TURNED_OFF = "turned-off"  # the activation source once a failure turned tracing off
 ROLE_WORKER = "worker"
 ROLE_AGENT = "agent"
 ROLE_HELPER = "helper"
@@ -178,6 +179,8 @@ def deactivate() -> None:
     owns): every later door finds no settings and leaves the training alone."""
     with _lock:
         _state.settings = None
+        if _state.source is not None:
+            _state.source = TURNED_OFF  # a later traceml.init() does not turn it on again
 
 
 def reset_for_tests() -> None:

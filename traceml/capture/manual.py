@@ -8,6 +8,7 @@ compatible call does nothing.
 
 from __future__ import annotations
 
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from traceml.settings import (
     ENV_RUN_NAME,
     ENV_RUN_NAME_DERIVED,
     ENV_TRACE_MAX_STEPS,
+    OFF_VALUES,
     is_valid_run_name,
     load_settings,
 )
@@ -53,29 +55,12 @@ def init(
     ``TRACEML_*`` configuration the process was launched with keeps that configuration and
     warns (the launcher and the other ranks rely on it).
     """
-    requested: dict[str, Any] = {}
-    if logs_dir is not None:
-        if not str(logs_dir).strip():
-            raise ValueError("logs_dir needs a directory (the default is ./logs)")
-        requested["logs_dir"] = Path(logs_dir).expanduser().resolve()
-    if run_name is not None:
-        if not isinstance(run_name, str) or not is_valid_run_name(run_name):
-            raise ValueError(
-                f"run_name={run_name!r} is not a safe run name "
-                "([A-Za-z0-9._-], starting with a letter or digit)"
-            )
-        requested["run_name"] = run_name
-    if trace_max_steps is not None:
-        if type(trace_max_steps) is not int or trace_max_steps < 1:  # (2.7 was cut to 2)
-            raise ValueError(f"trace_max_steps={trace_max_steps!r}: a whole number, at least 1")
-        requested["trace_max_steps"] = trace_max_steps
-    if report is not None:
-        requested["report"] = bool(report)
-
-    if os.environ.get(ENV_ENABLE, "").strip() == "0":
-        return  # TRACEML=0: off, also for a script that calls init() (a kill switch)
-    if bootstrap.activation_source() == ENV_FAILED:
-        return  # TRACEML=1 with a value traceml cannot use: warned once at start, untraced
+    requested = _checked(logs_dir, run_name, trace_max_steps, report)
+    raw = os.environ.get(ENV_ENABLE, "").strip().lower()
+    if raw and raw in OFF_VALUES:
+        return  # TRACEML=0 (or off, false, no): off, also for a script that calls init()
+    if bootstrap.activation_source() in (ENV_FAILED, bootstrap.TURNED_OFF):
+        return  # a start that failed, or tracing turned off after a failure: warned once
     current = bootstrap.active_settings()
     if current is not None:
         conflicts = [
@@ -97,6 +82,33 @@ def init(
             "traceml is already initialised with " + ", ".join(conflicts) + "; call init() once"
         )
     _activate(requested)
+
+
+def _checked(logs_dir: Any, run_name: Any, trace_max_steps: Any, report: Any) -> dict[str, Any]:
+    """init()'s arguments as settings; a bad one is a ValueError (a programming error)."""
+    requested: dict[str, Any] = {}
+    if logs_dir is not None:
+        if not str(logs_dir).strip():
+            raise ValueError("logs_dir needs a directory (the default is ./logs)")
+        requested["logs_dir"] = Path(logs_dir).expanduser().resolve()
+    if run_name is not None:
+        if not isinstance(run_name, str) or not is_valid_run_name(run_name):
+            raise ValueError(
+                f"run_name={run_name!r} is not a safe run name "
+                "([A-Za-z0-9._-], starting with a letter or digit)"
+            )
+        requested["run_name"] = run_name
+    if trace_max_steps is not None:
+        try:  # (2.7 was cut to 2; a numpy integer is an integer)
+            steps = None if isinstance(trace_max_steps, bool) else operator.index(trace_max_steps)
+        except TypeError:
+            steps = None
+        if steps is None or steps < 1:
+            raise ValueError(f"trace_max_steps={trace_max_steps!r}: a whole number, at least 1")
+        requested["trace_max_steps"] = steps
+    if report is not None:
+        requested["report"] = bool(report)
+    return requested
 
 
 @entry_point("init", "traceml.init(), once its arguments are checked", owner_arg=-1)

@@ -43,7 +43,7 @@ from traceml import schema
 from traceml.capture.class_doors import door_on_class
 from traceml.capture.clock import clock_ns
 from traceml.capture.guard import entry_point
-from traceml.capture.lifecycle import FINAL, IDLE, READY, TRACING
+from traceml.capture.lifecycle import DONE, FINAL, IDLE, READY, TRACING
 from traceml.capture.run_name import adopt_rank_zero_run_name  # noqa: F401  (older import path)
 from traceml.capture.session import Session
 from traceml.capture.session_exit import keep_stepped_step
@@ -289,7 +289,9 @@ class StepTiming:
 
     @entry_point("lightning.teardown", "Lightning's teardown hook (fit)")
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage == "fit":
+        # Or any stage once training ended: a test in on_fit_end (RF-DETR's run_test=True)
+        # leaves the fit torn down as stage "test" (the session stayed open: "interrupted").
+        if stage == "fit" or self.session.life.state is DONE:
             self.session.close()
 
     # -- instrument callbacks (traceml's side of the fetch, transfer, backward, forward) --

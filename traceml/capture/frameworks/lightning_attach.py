@@ -14,7 +14,7 @@ from typing import Any
 
 from traceml.capture import claim
 from traceml.capture.guard import entry_point
-from traceml.capture.lifecycle import FINAL, IDLE
+from traceml.capture.lifecycle import FINAL
 from traceml.settings import Settings
 
 from .lightning import StepTiming
@@ -111,12 +111,6 @@ def fit_done(trainer: Any) -> None:
     callbacks = getattr(trainer, "callbacks", None)
     if not isinstance(callbacks, list):
         return
-    # A fit whose on_fit_end ran trainer.test() (RF-DETR's run_test=True) is torn down as stage
-    # "test": its session stayed open, and the exit handler ended it "interrupted" (review).
-    if getattr(getattr(trainer, "state", None), "status", None) == "finished":
-        for callback in callbacks:
-            if isinstance(callback, StepTiming) and callback.session.life.state is not IDLE:
-                callback.session.close()  # (once: as the fit's teardown would have)
     # Only once its session is over: a tuner's fit (lr_find, scale_batch_size) leaves it
     # waiting, idle, for the training's fit that follows on the same trainer.
     ours = [c for c in callbacks if isinstance(c, StepTiming) and c.session.life.state in FINAL]
