@@ -8,6 +8,7 @@ code here, in :func:`main`, never a traceback.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -78,10 +79,11 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     args, unknown = parser.parse_known_args(head)
     if unknown:  # (argparse's own message, with the way out for `run`: a script's options)
-        hint = f"; the script's own go after --args: ... --args {' '.join(unknown)}"
-        parser.error(
-            f"unrecognized arguments: {' '.join(unknown)}" + (hint if args.command == "run" else "")
-        )
+        script = getattr(args, "script", None)
+        after = head[head.index(script) + 1 :] if script in head else []
+        hint = f"; the script's own go after --args: ... --args {shlex.join(unknown)}"
+        mine = args.command == "run" and all(token in after for token in unknown)
+        parser.error(f"unrecognized arguments: {shlex.join(unknown)}" + (hint if mine else ""))
     args.script_args = script_args
     if args.command is None:
         parser.print_help(sys.stderr)
