@@ -35,6 +35,7 @@ INTEGRATION_HOOKS: dict[str, str] = {
     "accelerate.launchers": "traceml.capture.frameworks.torch_spawn:on_accelerate_launchers",
 }
 
+ENV_FAILED = "env-failed"  # the activation source where TRACEML=1 could not start
 TURNED_OFF = "turned-off"  # the activation source once a failure turned tracing off
 ROLE_WORKER = "worker"
 ROLE_AGENT = "agent"
@@ -108,7 +109,7 @@ def activate(
                 "the program runs untraced"
             )
         _state.settings = None
-        _state.source = "env-failed"  # (manual.ENV_FAILED: a later init() says nothing more)
+        _state.source = ENV_FAILED  # a later traceml.init() says nothing more
         return False
 
 

@@ -23,12 +23,11 @@ from traceml.settings import (
     ENV_RUN_NAME,
     ENV_RUN_NAME_DERIVED,
     ENV_TRACE_MAX_STEPS,
-    OFF_VALUES,
     is_valid_run_name,
     load_settings,
 )
+from traceml_bootstrap import tracing_requested
 
-ENV_FAILED = "env-failed"  # bootstrap's activation source when TRACEML=1 could not start
 _ENV_OF = {
     "logs_dir": ENV_LOGS_DIR,
     "run_name": ENV_RUN_NAME,
@@ -56,10 +55,9 @@ def init(
     warns (the launcher and the other ranks rely on it).
     """
     requested = _checked(logs_dir, run_name, trace_max_steps, report)
-    raw = os.environ.get(ENV_ENABLE, "").strip().lower()
-    if raw and raw in OFF_VALUES:
+    if os.environ.get(ENV_ENABLE, "").strip() and not tracing_requested():
         return  # TRACEML=0 (or off, false, no): off, also for a script that calls init()
-    if bootstrap.activation_source() in (ENV_FAILED, bootstrap.TURNED_OFF):
+    if bootstrap.activation_source() in (bootstrap.ENV_FAILED, bootstrap.TURNED_OFF):
         return  # a start that failed, or tracing turned off after a failure: warned once
     current = bootstrap.active_settings()
     if current is not None:

@@ -68,8 +68,19 @@ def restarted(settings: Settings, restarts: int) -> Settings:
     own (the first attempt's rank files hold its steps and its failure). Every rank derives it
     alike; a name already so suffixed is kept. ``traceml run`` made its run directory for the
     job: its runs are left as they are (it passes no restart option to torchrun)."""
-    suffix = f"-restart{restarts}"
+    suffix = _restart_suffix(restarts)
     name = settings.run_name
     if not restarts or settings.launcher_managed or name.endswith(suffix):
         return settings
     return settings.replace(run_name=name[: _NAME_MAX - len(suffix)] + suffix)
+
+
+def earlier_attempts(name: str, restarts: int) -> list[str]:
+    """The run names of the attempts before restart ``restarts`` of the run ``name``."""
+    suffix = _restart_suffix(restarts)
+    base = name[: -len(suffix)] if name.endswith(suffix) else name
+    return [base, *(base + _restart_suffix(n) for n in range(1, restarts))]
+
+
+def _restart_suffix(restarts: int) -> str:
+    return f"-restart{restarts}"

@@ -94,9 +94,9 @@ def _note_restart(session: Any, rank: int, restarts: int) -> None:
     """torchrun restarted the job (--max-restarts): this run is one attempt of it."""
     if not restarts or rank != 0 or session.settings.launcher_managed:
         return
-    name, suffix = session.settings.run_name, f"-restart{restarts}"
-    base = name[: -len(suffix)] if name.endswith(suffix) else name
-    earlier = [base, *(f"{base}-restart{n}" for n in range(1, restarts))]
+    from traceml.capture.run_name import earlier_attempts
+
+    earlier = earlier_attempts(session.settings.run_name, restarts)
     session.notes.append(
         {
             "level": "warning",
