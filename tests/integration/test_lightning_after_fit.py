@@ -3,11 +3,13 @@ the fit's trainer, model, dataset and loader are freed once the script drops the
 handler held the session, and through it all of them, until the process ended); trainer.fit
 pickles (a spawned process's target); a batch sampler that yields iterators trains (the input
 breakdown called len() on them and raised into the fit); the trainer's callbacks after the fit
-are the script's alone, and a second fit of the same trainer trains untraced."""
+are the script's alone, and a second fit of the same trainer trains untraced. In an interactive
+session (a notebook, ``python -i``) the report comes at the fit's end, not at the exit."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 from procs import PYTHON, clean_env, run, steps_written, traced_env
 
@@ -102,3 +104,41 @@ def test_after_a_traced_fit_the_scripts_objects_are_as_untraced(tmp_path):
     # The second fit is a second training: untraced, said once; the file holds the first's.
     assert "a second training in this process is not traced" in traced_run.stderr
     assert steps_written(tmp_path / "logs" / "after" / "ranks" / "rank_0.jsonl") == 8
+
+
+# What a notebook's kernel does to sys.stderr (ipykernel's OutStream): it shows what is
+# written to the stream, while the stream's fileno() is the terminal that started the kernel
+# (here: /dev/null, so that what is written there is lost as a notebook's user loses it).
+KERNEL_STDERR = """
+import io, os, sys
+class CellOutput(io.TextIOBase):
+    def writable(self):
+        return True
+    def write(self, text):
+        sys.__stdout__.write(text.replace("traceml report =", "[cell] traceml report ="))
+        return len(text)
+    def fileno(self):
+        return os.open(os.devnull, os.O_WRONLY)
+
+sys.stderr = CellOutput()
+"""
+
+
+def test_an_interactive_session_gets_its_report_when_the_fit_ends(tmp_path):
+    # A notebook's kernel (here: the REPL reading its input from a pipe) may not exit for hours:
+    # the report at exit came only then. It comes as the fit returns now, once, in the cell.
+    (tmp_path / "after_fit.py").write_text(SCRIPT)
+    env = traced_env(tmp_path / "logs", "repl")
+    env["TRACEML_REPORT"] = "1"
+    typed = KERNEL_STDERR + 'exec(open("after_fit.py").read())\nprint("BACK AT THE PROMPT")\n'
+    result = subprocess.run(
+        [PYTHON, "-u", "-i"], input=typed, env=env, cwd=tmp_path, timeout=300,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    out = result.stdout
+    assert out.count("traceml report ====") == 1, out[-3000:]
+    assert out.count("[cell] traceml report ====") == 1
+    assert "traceml: repl (completed; 1 rank" in out
+    assert out.index("traceml report ====") < out.index("BACK AT THE PROMPT")
+    assert (tmp_path / "logs" / "repl" / "final_summary.json").is_file()

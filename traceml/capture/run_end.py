@@ -48,9 +48,13 @@ def node_partial_command(settings: Any, node: int) -> list[str]:
     return command
 
 
-def report_in_child(settings: Any) -> None:
-    """Run the report in a child process and wait for it; its failures are its own lines."""
-    _run_child(report_command(settings), "could not write the final report (traceml report")
+def report_in_child(settings: Any, *, through_sys_stderr: bool = False) -> None:
+    """Run the report in a child process and wait for it; its failures are its own lines.
+    ``through_sys_stderr``: its text goes through ``sys.stderr``'s ``write`` rather than to
+    the descriptor behind it (a notebook's kernel shows what the stream is written, while its
+    ``fileno()`` is the terminal that started the kernel)."""
+    failure = "could not write the final report (traceml report"
+    _run_child(report_command(settings), failure, through_sys_stderr=through_sys_stderr)
 
 
 def node_partial_in_child(settings: Any, node: int) -> None:
@@ -69,7 +73,7 @@ def _stderr_fd() -> int:
         return 2
 
 
-def _run_child(command: list[str], failure: str) -> None:
+def _run_child(command: list[str], failure: str, *, through_sys_stderr: bool = False) -> None:
     """Run ``command`` (its stdout on this process's stderr), wait; one warning line when it
     fails, with the child's own one-line error in it (never two lines for one failure)."""
     env = dict(os.environ)
@@ -83,10 +87,14 @@ def _run_child(command: list[str], failure: str) -> None:
     # of its own: torchrun ends a failed job by signalling each rank's process group, and a
     # rank 0 whose training had ended, waiting here for another rank's file, lost its report
     # with it (the child then ends on its own, after its --wait at most).
+    stdout = subprocess.PIPE if through_sys_stderr else _stderr_fd()
     completed = subprocess.run(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
+        command, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
         stderr=subprocess.PIPE, text=True, check=False, start_new_session=True,
     )  # fmt: skip
+    if completed.stdout:
+        sys.stderr.write(completed.stdout)
+        sys.stderr.flush()
     if completed.returncode == 0:
         if completed.stderr:
             sys.stderr.write(completed.stderr)
