@@ -112,3 +112,20 @@ def test_no_steps(tmp_path):
     write_rank(tmp_path, 0, [header(), footer(0)])
     (only,) = diagnose(reduce_run(tmp_path))
     assert only["kind"] == "INSUFFICIENT_DATA"
+
+
+@pytest.mark.parametrize(
+    ("integration", "said", "not_said"),
+    [
+        ("torch", "your loop's own work", "RF-DETR"),  # a hand-written loop: no training_step
+        ("hf_trainer", "compute_loss", "RF-DETR"),
+        ("lightning", "training_step's own work", "RF-DETR"),
+        ("rfdetr", "Hungarian matching", "compute_loss"),
+    ],
+)
+def test_residual_advice_speaks_of_the_loop_it_measured(tmp_path, integration, said, not_said):
+    synthetic_run(tmp_path, input=5, forward=20, backward=25, residual=50)
+    summary = reduce_run(tmp_path)
+    summary["setup"]["integration"] = integration
+    [residual] = [v for v in diagnose(summary) if v["kind"] == "RESIDUAL_HEAVY"]
+    assert said in residual["next"] and not_said not in residual["next"]

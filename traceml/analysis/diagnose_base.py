@@ -41,9 +41,9 @@ NEXT_STEPS = {
         "on_before_optimizer_step hooks count here too."
     ),
     RESIDUAL_HEAVY: (
-        "Residual is the loss (RF-DETR's Hungarian matching), logging and callbacks (an EMA "
-        "update): profile training_step around the model call (torch.profiler) and log less "
-        "often."
+        "Residual is your loop's own work between the phases: the loss when it is computed "
+        "outside the model's forward, zero_grad, metrics and logging (each .item() waits for "
+        "the device): profile one iteration (torch.profiler) and log less often."
     ),
     COMPUTE_BOUND: (
         "The model is the bottleneck, as it should be: for more speed try mixed precision, "
@@ -61,6 +61,27 @@ NEXT_STEPS = {
     ),
     NO_CLEAR_BOTTLENECK: (
         "Nothing stands out; change one thing at a time and check it with `traceml compare`."
+    ),
+}
+
+# RESIDUAL_HEAVY's advice where the integration says what its Residual holds (the phases'
+# spans: docs/supported.md, docs/any_pytorch.md); any other loop gets NEXT_STEPS's.
+RESIDUAL_BY_INTEGRATION: dict[str, str] = {
+    "rfdetr": (
+        "Residual is RF-DETR's loss (its Hungarian matching), logging and the callbacks' "
+        "batch-end work (the EMA update): profile training_step around the model call "
+        "(torch.profiler) and log less often."
+    ),
+    "lightning": (
+        "Residual is training_step's own work beyond the model's forward (the loss, metrics), "
+        "self.log calls (sync_dist, .item()) and the callbacks' on_train_batch_end (an EMA "
+        "update): profile training_step around the model call (torch.profiler) and log less "
+        "often."
+    ),
+    "hf_trainer": (
+        "Residual is compute_loss beyond the model's forward, gradient clipping, and your "
+        "callbacks' step hooks (on_step_end, on_optimizer_step: an EMA update): profile one "
+        "step (torch.profiler) and log less often (logging_steps)."
     ),
 }
 

@@ -16,6 +16,7 @@ from traceml.analysis.diagnose_base import (
     NO_CLEAR_BOTTLENECK,
     NOT_TRACED,
     OPTIMIZER_HEAVY,
+    RESIDUAL_BY_INTEGRATION,
     RESIDUAL_HEAVY,
     WARN,
     PhaseView,
@@ -156,6 +157,8 @@ def _share_verdict(
     own = " (its own time, not counting waits on other ranks)" if view.own else ""
     next_step = NEXT_STEPS[kind].format(workers=_workers_hint(summary))
     if kind == RESIDUAL_HEAVY:
+        integration = (summary.get(schema.SUMMARY_SETUP) or {}).get(schema.INTEGRATION)
+        next_step = RESIDUAL_BY_INTEGRATION.get(integration, next_step)
         unmeasured = [words for p, words in UNMEASURED.items() if view.means.get(p) is None]
         next_step = "".join(unmeasured) + next_step
     input_advice = _input_advice(summary, mean, step_mean) if kind == INPUT_BOUND else None
