@@ -1073,3 +1073,24 @@ def test_a_loader_read_ahead_keeps_every_steps_input_wait(tmp_path, persistent, 
     assert len(steps) == 12 * int(repeat)
     assert all(s[schema.INPUT_WAIT] is not None for s in steps), steps
     assert not [n for n in notes if "did not come from a torch DataLoader" in n], notes
+
+
+@pytest.mark.parametrize("kind", ["1", "2"])
+def test_an_fsdp_loop_is_named_and_trains_untraced(tmp_path, kind):
+    # FSDP's all-gathers and reduce-scatters are not timed: traced, a wait on the other rank
+    # read as this rank's own Forward (the slow rank's partner marked the slowest), comm 0.
+    env = traced_env(tmp_path / "logs", "fsdp", LOOP_FSDP=kind, LOOP_STEPS=4)
+    result = run(torchrun_2(LOOP), env, tmp_path, timeout=300)
+    untraced = run(torchrun_2(LOOP), clean_env(LOOP_FSDP=kind, LOOP_STEPS="4"), tmp_path)
+    assert result.returncode == 0 == untraced.returncode, result.stderr[-4000:]
+    assert result.stdout.count("LOOP_RESULT steps=4") == 2
+    # Two ranks' lines may interleave on torchrun's stdout: found, not split into lines.
+    weights = sorted(re.findall(r"TINY_WEIGHTS \S+ sha256=\w{64}", result.stdout))
+    assert len(weights) == 2
+    assert weights == sorted(re.findall(r"TINY_WEIGHTS \S+ sha256=\w{64}", untraced.stdout))
+    named = (
+        "traceml: not tracing: the model is sharded with FSDP, whose collectives traceml does "
+        "not time; training runs natively"
+    )
+    assert result.stderr.count(named) == 1, result.stderr[-3000:]  # rank 0 speaks for all
+    assert not (tmp_path / "logs" / "fsdp" / "ranks" / "rank_0.jsonl").exists()

@@ -11,7 +11,8 @@ inside the closure, as L-BFGS needs), LOOP_IMPORT_LIGHTNING=1 (Lightning's seed_
 first: a loop that only imports Lightning), LOOP_CRASH_RANK_AT_END / LOOP_CRASH_DELAY_MS (DDP:
 that rank dies after its loop, once the delay has passed, with no exit handler run),
 LOOP_FAIL_ONCE_MARKER (the last rank raises at its third batch unless that file exists,
-which it creates first). Under
+which it creates first), LOOP_FSDP=1|2 (under torchrun: FSDP's FullyShardedDataParallel or
+fully_shard instead of DDP). Under
 torchrun (2 ranks) it trains with DDP on gloo.
 Prints ``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
@@ -102,7 +103,8 @@ def print_weights(model: nn.Module, stepped: int) -> None:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # FSDP's DTensor
+        digest.update(local.detach().cpu().contiguous().numpy().tobytes())
     print(f"TINY_WEIGHTS global_step={stepped} sha256={digest.hexdigest()}", flush=True)
 
 
@@ -162,6 +164,16 @@ def validate(model: nn.Module, loader: DataLoader) -> None:
     model.train()
 
 
+def shard(model: nn.Module, kind: str) -> nn.Module:
+    """FSDP on CPU (gloo): ``1`` FullyShardedDataParallel, ``2`` fully_shard (in place)."""
+    from torch.distributed import fsdp
+
+    if kind == "1":
+        return fsdp.FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+    fsdp.fully_shard(model)
+    return model
+
+
 def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -190,7 +202,11 @@ def main() -> int:
     validate_every = env_int("LOOP_VALIDATE_EVERY", 0)
     if os.environ.get("LOOP_ACCELERATE"):
         return accelerate_loop(model, optimizer, loader, val_loader, loss_fn, accum, validate_every)
-    if world > 1:
+    fsdp = os.environ.get("LOOP_FSDP")
+    if world > 1 and fsdp:
+        model = shard(model, fsdp)
+        optimizer = SlowSGD(model.parameters(), lr=0.01)
+    elif world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     # LOOP_SCALER=1: AMP's GradScaler (CPU), whose step skips optimizer.step() on the step
     # LOOP_OVERFLOW_AT (the loss made infinite there).

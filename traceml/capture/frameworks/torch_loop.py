@@ -51,6 +51,7 @@ from .torch_loop_facts import (
     rank_info,
     rfdetr_loaded,
     scripted,
+    sharded,
 )
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
@@ -139,13 +140,10 @@ class LoopCapture:
         if scripted(module):
             # TorchScript runs the model's modules inside its own interpreter: no module hook
             # or door of traceml's reaches them, and torch refuses hooks on the root.
-            from traceml import console
-
-            console.warn(
-                "not tracing: the model is a TorchScript module (torch.jit.script / "
-                "torch.jit.load); training runs natively"
-            )
-            self.stand_down()
+            refuse(self, "the model is a TorchScript module (torch.jit.script / torch.jit.load)")
+            return False
+        if sharded(module):
+            refuse(self, "the model is sharded with FSDP, whose collectives traceml does not time")
             return False
         if rfdetr_loaded():
             self.stand_down()  # RF-DETR trains through Lightning, which claims the process

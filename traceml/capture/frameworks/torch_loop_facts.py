@@ -16,6 +16,27 @@ def scripted(module: Any) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
+def sharded(module: Any) -> bool:
+    """Is ``module`` (or a module in it) sharded by FSDP (``FullyShardedDataParallel`` or
+    ``fully_shard``)? Its all-gathers and reduce-scatters are not timed: a wait on another
+    rank would read as the rank's own Forward and Backward."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing is sharded
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(fsdp, "FullyShardedDataParallel", None),
+            getattr(fsdp, "FSDPModule", None),
+        )
+        if isinstance(kind, type)
+    )
+    if not kinds:
+        return False
+    try:
+        return any(isinstance(sub, kinds) for sub in module.modules())
+    except Exception:
+        return False
+
+
 def rfdetr_loaded() -> bool:
     """RF-DETR trains through Lightning, whose fit claims the process its own way."""
     return "rfdetr" in sys.modules
