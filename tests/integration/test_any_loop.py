@@ -1094,3 +1094,16 @@ def test_an_fsdp_loop_is_named_and_trains_untraced(tmp_path, kind):
     )
     assert result.stderr.count(named) == 1, result.stderr[-3000:]  # rank 0 speaks for all
     assert not (tmp_path / "logs" / "fsdp" / "ranks" / "rank_0.jsonl").exists()
+
+
+@pytest.mark.parametrize("landing_in", ["remove_instruments", "_drain"])
+def test_a_ctrl_c_at_exit_keeps_the_steps_and_the_footer(tmp_path, landing_in):
+    # A Ctrl-C pressed as the script ends lands in the exit handler: it skipped the queued
+    # steps and the footer (a partial report, or "no training step was recorded").
+    env = traced_env(tmp_path / "logs", "ctrlc", LOOP_CTRL_C_AT_EXIT_IN=landing_in)
+    result = run([PYTHON, LOOP], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = rank_records(tmp_path / "logs" / "ctrlc")
+    assert records[-1]["kind"] == "footer", records[-1]
+    assert records[-1]["status"] == schema.STATUS_COMPLETED
+    assert len(steps_of(records)) == 8

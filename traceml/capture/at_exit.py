@@ -102,7 +102,7 @@ def at_exit() -> None:
     for session in list(_sessions):
         try:
             session.finish_at_exit()
-        except Exception:
+        except BaseException:  # a Ctrl-C here: the other sessions' files and the report
             pass
     for session in list(_sessions):
         if session.pid != os.getpid():

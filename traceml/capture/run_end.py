@@ -88,10 +88,14 @@ def _run_child(command: list[str], failure: str, *, through_sys_stderr: bool = F
     # rank 0 whose training had ended, waiting here for another rank's file, lost its report
     # with it (the child then ends on its own, after its --wait at most).
     stdout = subprocess.PIPE if through_sys_stderr else _stderr_fd()
-    completed = subprocess.run(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
-        stderr=subprocess.PIPE, text=True, check=False, start_new_session=True,
-    )  # fmt: skip
+    try:
+        completed = subprocess.run(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+            stderr=subprocess.PIPE, text=True, check=False, start_new_session=True,
+        )  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C while it ran (subprocess.run ended it): one line
+        console.warn(f"{failure.split(' (')[0]}: interrupted (Ctrl-C)")
+        return
     if completed.stdout:
         sys.stderr.write(completed.stdout)
         sys.stderr.flush()

@@ -70,13 +70,13 @@ def finish_at_exit(session: Any) -> None:
     recorder = session.recorder
     if recorder is None or recorder.footer_written or os.getpid() != session.pid:
         return
-    session.remove_instruments()
-    with suppress(Exception):
-        session.settle()  # the door events logged before the exit: their steps are written
+    # A Ctrl-C at exit (pressed as the script ends) may land in any of these: it skips that
+    # one part, never the steps and the footer after it.
+    _through(session.remove_instruments)
+    _through(session.settle)  # the door events logged before the exit: their steps are written
     if session.clock is not None:
-        session.clock.abandon()
-    with suppress(Exception):
-        session._drain()
+        _through(session.clock.abandon)
+    _through(session._drain)
     exception = getattr(sys, "last_value", None)  # the script's uncaught exception, if any
     if recorder.status is None and session.ends_at_exit:
         if exception is not None:
@@ -85,6 +85,13 @@ def finish_at_exit(session: Any) -> None:
         recorder.status = schema.STATUS_INTERRUPTED
         recorder.error = recorder.error or EXITED_EARLY
     session.finish()
+
+
+def _through(part: Callable[[], object]) -> None:
+    try:
+        part()
+    except BaseException:  # KeyboardInterrupt included: the exit goes on
+        pass
 
 
 def drain_device(session: Any) -> None:

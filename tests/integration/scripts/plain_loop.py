@@ -11,8 +11,9 @@ inside the closure, as L-BFGS needs), LOOP_IMPORT_LIGHTNING=1 (Lightning's seed_
 first: a loop that only imports Lightning), LOOP_CRASH_RANK_AT_END / LOOP_CRASH_DELAY_MS (DDP:
 that rank dies after its loop, once the delay has passed, with no exit handler run),
 LOOP_FAIL_ONCE_MARKER (the last rank raises at its third batch unless that file exists,
-which it creates first), LOOP_FSDP=1|2 (under torchrun: FSDP's FullyShardedDataParallel or
-fully_shard instead of DDP). Under
+which it creates first), LOOP_CTRL_C_AT_EXIT_IN (a KeyboardInterrupt at exit, in the first
+call of the function of that name), LOOP_FSDP=1|2 (under torchrun: FSDP's
+FullyShardedDataParallel or fully_shard instead of DDP). Under
 torchrun (2 ranks) it trains with DDP on gloo.
 Prints ``LOOP_RESULT steps=<optimizer steps>``; with TR_CASE set, the transparency probe's line too.
 """
@@ -253,7 +254,23 @@ def main() -> int:
         held = after_loop(model)
         del model
         print_freed(held)
+    if os.environ.get("LOOP_CTRL_C_AT_EXIT_IN"):
+        ctrl_c_at_exit(os.environ["LOOP_CTRL_C_AT_EXIT_IN"])
     return 0
+
+
+def ctrl_c_at_exit(function: str) -> None:
+    """A Ctrl-C pressed as the script ends, landing at exit in the first call of ``function``
+    (a KeyboardInterrupt raised there, as the signal's handler would)."""
+    import sys
+
+    def tracer(frame, event, _arg):
+        if event == "call" and frame.f_code.co_name == function:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(tracer)
 
 
 def after_loop(model: nn.Module) -> weakref.ref:
