@@ -59,6 +59,10 @@ THRESHOLDS: dict[str, float] = {
     # Step time p90 over its median at or above which the report adds a caveat: steps vary
     # so much that the shares (sums over all steps) mostly describe the slow ones.
     "noisy_steps": 2.0,
+    # Share of the time from the first step's start to the last step's end spent between
+    # steps at or above which the report adds a caveat: the verdicts and the throughput
+    # describe the steps only (work after optimizer.step() is between them).
+    "outside_steps": 0.5,
     # Peak reserved device memory over device capacity: MEMORY_PRESSURE.
     "memory_warn": 0.90,
     "memory_critical": 0.97,

@@ -41,6 +41,7 @@ from traceml.analysis.diagnose_phases import (
     no_clear_bottleneck,
     no_data,
     noise_caveat,
+    outside_caveat,
     share_verdicts,
 )
 from traceml.analysis.diagnose_ranks import comm_bound, memory_pressure, straggler_verdict
@@ -53,7 +54,7 @@ from traceml.analysis.diagnose_resources import (  # noqa: F401
 )
 from traceml.thresholds import known_thresholds, resolve_thresholds
 
-__all__ = ["diagnose", "label", "noise_caveat", "resource_verdicts"]
+__all__ = ["diagnose", "label", "noise_caveat", "outside_caveat", "resource_verdicts"]
 
 
 def diagnose(

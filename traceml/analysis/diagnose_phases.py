@@ -239,6 +239,30 @@ def noise_caveat(summary: dict[str, Any], thresholds: dict[str, float] | None = 
     )
 
 
+def outside_caveat(
+    summary: dict[str, Any], thresholds: dict[str, float] | None = None
+) -> str | None:
+    """A sentence for the report when most of the time from the first step to the last was
+    between steps (at or above the ``outside_steps`` threshold): no verdict and no steps/s
+    sees it."""
+    limits = resolve_thresholds(
+        thresholds or known_thresholds(summary.get(schema.SUMMARY_THRESHOLDS))
+    )
+    overall = summary.get(schema.SUMMARY_OVERALL) or {}
+    between, wall = overall.get(schema.BETWEEN_STEPS_MS), overall.get(schema.WALL_MS)
+    if not between or not wall or between / wall < limits["outside_steps"]:
+        return None
+    return (
+        f"{pct(between / wall)} of the time from the first step to the last "
+        f"({between / 1000:.2f} s of {wall / 1000:.2f} s) was between steps, which the verdict "
+        "and the throughput leave out. A step ends as optimizer.step() returns: what your loop "
+        "does after it (an lr scheduler, zero_grad, logging, a sync such as .item()) and "
+        "Lightning's LightningModule.on_train_batch_end run there every step, validation, "
+        "checkpoints and epoch ends now and then (each step's gap_ms in the rank files says "
+        "which)."
+    )
+
+
 def _input_advice(
     summary: dict[str, Any], input_wait_ms: float, step_ms: float
 ) -> tuple[str, dict[str, Any]] | None:

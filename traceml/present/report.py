@@ -11,7 +11,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis import resources
-from traceml.analysis.diagnose import label, noise_caveat
+from traceml.analysis.diagnose import label, noise_caveat, outside_caveat
 from traceml.present.printable import printable
 from traceml.present.report_resources import text_lines as resource_lines
 
@@ -144,9 +144,9 @@ def _verdict_lines(summary: dict[str, Any]) -> list[str]:
     lines = [f"Verdict: {label(top[schema.VERDICT_KIND])} ({top[schema.VERDICT_SEVERITY]})"]
     lines.extend(_wrap(top[schema.VERDICT_WHY], "  Why:  ", "        "))
     lines.extend(_wrap(top[schema.VERDICT_NEXT], "  Next: ", "        "))
-    caveat = noise_caveat(summary)
-    if caveat:
-        lines.extend(_wrap(caveat, "  Caveat: ", "        "))
+    for caveat in (noise_caveat(summary), outside_caveat(summary)):
+        if caveat:
+            lines.extend(_wrap(caveat, "  Caveat: ", "        "))
     for other in verdicts[1:]:
         text = (
             f"{label(other[schema.VERDICT_KIND])} ({other[schema.VERDICT_SEVERITY]}): "
