@@ -170,6 +170,28 @@ _SHARED_PACKAGES = frozenset(
 )
 
 
+# The weak doors on classes now (class, name, door): what an export lifts (lifted()).
+_live: list[tuple[type, str, FunctionType]] = []
+
+
+def lifted() -> list[tuple[type, str, FunctionType]]:
+    """Every weak door off its class, its previous function back (``torch.export`` and
+    ``torch.jit.trace`` record the source of each frame they run through, and the artifact
+    would name traceml's file); :func:`put_back` sets them again."""
+    taken = []
+    for cls, name, door in list(_live):
+        if cls.__dict__.get(name) is door:
+            setattr(cls, name, door.traceml_previous)  # type: ignore[attr-defined]
+            taken.append((cls, name, door))
+    return taken
+
+
+def put_back(taken: list[tuple[type, str, FunctionType]]) -> None:
+    for cls, name, door in reversed(taken):
+        if cls.__dict__.get(name) is door.traceml_previous:  # type: ignore[attr-defined]
+            setattr(cls, name, door)
+
+
 def weak_door_on_class(module: Any, name: str, make: Any) -> Callable[[], None] | None:
     """``make(call, target)``'s door set on ``module``'s class, timing ``module`` only (``self
     is target.obj()``, a weak reference: the class keeps no module alive); the undo, or None
@@ -208,8 +230,12 @@ def weak_door_on_class(module: Any, name: str, make: Any) -> Callable[[], None] 
         setattr(cls, name, door)
     except (TypeError, AttributeError):
         return None
+    live = (cls, name, door)
+    _live.append(live)
 
     def undo() -> None:
+        if live in _live:
+            _live.remove(live)
         target.obj = _nobody  # a bound door the user kept runs untimed from now on
         if cls.__dict__.get(name) is door:  # else someone replaced it since: theirs
             restored = original

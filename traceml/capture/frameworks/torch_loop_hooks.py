@@ -23,6 +23,7 @@ import sys
 import weakref
 from typing import Any
 
+from traceml.capture import class_doors
 from traceml.capture.clock import clock_ns
 from traceml.capture.forward_hooks import add_forward_hooks, wrap_forward
 from traceml.capture.optimizer_hooks import remove_hook
@@ -274,26 +275,35 @@ class LoopHooks:
     # -- export ----------------------------------------------------------------------------
 
     def _wrap_export(self) -> None:
+        """``torch.export.export`` runs with traceml's global module hooks and its doors on
+        classes lifted: an export is no training, a strict export fails with any global hook,
+        and the program it saves names the file of each frame it ran through (traceml's door
+        on the model's class, else). ``torch.jit.trace`` records every frame of the Python
+        stack, a wrapper's too: not wrapped (docs/transparency.md)."""
         import torch.export as export_module
 
         original = export_module.export
-        hooks = self
-
-        @functools.wraps(original)
-        def export(*args: Any, **kwargs: Any) -> Any:
-            lifted = hooks._lift_global()
-            try:
-                return original(*args, **kwargs)  # the user's errors pass through unchanged
-            finally:
-                hooks._put_back(lifted)
-
-        export_module.export = export
+        wrapper = self._lifting(original)
+        export_module.export = wrapper
 
         def restore() -> None:
-            if export_module.export is export:
+            if export_module.export is wrapper:
                 export_module.export = original
 
         self._export_undo = restore
+
+    def _lifting(self, original: Any) -> Any:
+        @functools.wraps(original)
+        def lifting(*args: Any, **kwargs: Any) -> Any:
+            lifted = self._lift_global()
+            doors = class_doors.lifted()
+            try:  # the user's errors pass through unchanged
+                return original(*args, **kwargs)
+            finally:
+                class_doors.put_back(doors)
+                self._put_back(lifted)
+
+        return lifting
 
     def _lift_global(self) -> list[Any]:
         """traceml's global module hooks out of torch's dicts (an export is no training)."""
