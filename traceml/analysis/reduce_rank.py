@@ -49,6 +49,20 @@ def _minus(values: list[Any], waits: list[Any]) -> list[float | None]:
     ]
 
 
+def _unmeasured_bucket_waits(columns: dict[str, list[Any]]) -> None:
+    """DDP's gradient buckets went untimed (a hook of the user's held their slot): the wait in
+    Backward, and so each step's total wait, are unknown, not the 0 written for them. Own
+    time is then the step minus Backward, as where no wait is timed (a review: rank 0's wait
+    on a slow rank read as its own Backward, and the straggler as Residual)."""
+    for fieldname in (
+        schema.COMM,
+        schema.COMM_OF_PHASE[schema.BACKWARD],
+        schema.GPU_COMM,
+        schema.GPU_COMM_OF_PHASE[schema.BACKWARD],
+    ):
+        columns[fieldname] = [None] * len(columns[fieldname])
+
+
 def _derive_own(columns: dict[str, list[Any]]) -> None:
     """A rank's own time per step: what it spent not waiting on other ranks.
 
@@ -126,6 +140,8 @@ def reduce_rank(
     """One rank's summary entry, and the sketches and share sums its analysed steps add to the
     overall view."""
     columns = dict(data.columns)
+    if (data.header or {}).get(schema.BUCKET_TIMING) == "off":
+        _unmeasured_bucket_waits(columns)
     _derive_own(columns)
     count = data.step_count
     skipped = min(warmup, count) if count > warmup else 0
