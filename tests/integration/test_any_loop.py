@@ -414,6 +414,10 @@ def test_a_hugging_face_trainer_is_traced_phase_by_phase(tmp_path):
     # neighbour's batch; the total is exact. Forward also holds the tiny BERT's own work.
     assert_phases(steps, injected(*HF_MS))
     assert_validation_outside_steps(steps, 2, 2 * 4 * GETITEM_MS + 2 * HF_MS[0])
+    # The Trainer's arguments say its batch and accumulation (null before: no samples/s, and
+    # compare saw no accumulation change; helper review).
+    setup = reduce_run(tmp_path / "logs" / "hf")[schema.SUMMARY_SETUP]
+    assert (setup[schema.ACCUMULATE_GRAD_BATCHES], setup[schema.BATCH_SIZE]) == (2, 4)
 
 
 def test_a_forward_before_train_is_no_step_and_no_retry(tmp_path):

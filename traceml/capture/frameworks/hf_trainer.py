@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from traceml import schema
 from traceml.capture import claim
 from traceml.capture.guard import entry_point
 from traceml.capture.lifecycle import FINAL
@@ -82,9 +83,23 @@ def before_train(trainer: Any) -> Any | None:
         if capture.session.recorder is not None:
             capture.session.recorder.integration("hf_trainer")
     capture.step_ends_at_optimizer = False
+    capture.facts = _facts(trainer.args)
     callback = callback_class()(capture)
     trainer.add_callback(callback)
     return callback
+
+
+def _facts(args: Any) -> dict[str, Any]:
+    """The header's batch size (per device) and microbatches per step, from the arguments
+    (unknown, null, where they are not whole numbers)."""
+    facts = {}
+    for field, name in (
+        (schema.ACCUMULATE_GRAD_BATCHES, "gradient_accumulation_steps"),
+        (schema.BATCH_SIZE, "per_device_train_batch_size"),
+    ):
+        value = getattr(args, name, None)
+        facts[field] = value if type(value) is int and value > 0 else None
+    return facts
 
 
 def callback_class() -> type:

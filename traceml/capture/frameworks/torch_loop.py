@@ -92,6 +92,7 @@ class LoopCapture:
         self._forward_depth = 0
         self._noted: set[str] = set()
         self.step_ends_at_optimizer = True  # the HF adapter ends steps at on_step_end instead
+        self.facts = loop_facts()  # the header's; the HF adapter knows its batch, accumulation
         self.optimizer_returns = 0  # (the HF adapter: its on_optimizer_step comes later)
         self.stood_down = False
 
@@ -169,7 +170,7 @@ class LoopCapture:
         held = self.fetches.for_training()
         origin = held[1] if held is not None else None
         session.start(
-            device, loop_facts(), gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
+            device, self.facts, gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
         )
         session.note("info", schema.EVENT_NOTE, NOTE_H2D)
         return True
