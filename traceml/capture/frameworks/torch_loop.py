@@ -351,6 +351,8 @@ class LoopCapture:
                 "steps are not delimited (not counted)",
             )
             return False
+        if self._in_step and not self.step_optimizer.is_current(optimizer):
+            return False  # called by the step optimizer's step (ZeRO's, Lookahead's): in it
         verdict = self.step_optimizer.judge(optimizer, finished, fed=not self._unfed)
         if verdict != STEP:
             self.note_once(verdict, NOTES[verdict], level="info")
