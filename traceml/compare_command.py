@@ -28,6 +28,7 @@ from traceml.analysis.compare import (
 )
 from traceml.analysis.compare_noise import NoiseFloor, measure_noise_floor
 from traceml.analysis.compare_rules import floor_is_a_guess
+from traceml.analysis.compare_setup import run_identity
 from traceml.errors import OutputError
 from traceml.files import text_path, write_atomically
 from traceml.present.compare_text import GUESS_ADVICE, noise_floor_lines, render_comparison
@@ -134,11 +135,11 @@ _REPORTING = (
 def _distinct(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The summaries of one side (or of --noise-floor-from): one run given twice would count
     as two identical runs (a spread of 0%, a floor that is no measurement)."""
-    seen: dict[bytes, str] = {}
+    seen: dict[str, str] = {}
     for summary in summaries:
-        # What the run measured, not where or when (or with which thresholds) it was reported:
-        # a copied run directory reported again is the same run.
-        content = orjson.dumps({k: v for k, v in summary.items() if k not in _REPORTING})
+        # What the run measured, not where or when (or with which thresholds or warm-up) it
+        # was reported: a copied run directory reported again is the same run.
+        content = run_identity(summary, _REPORTING)
         path = summary.get("_path", "?")
         if content in seen:
             raise CompareInputError(

@@ -634,3 +634,41 @@ def test_a_run_compared_with_itself_names_its_own_cost_once(tmp_path):
     data["overall"]["phases"]["traceml_us"] = {"mean": step_ms * 1000 * 0.05}  # 5% of a step
     notes = compare(data, data)["notes"]
     assert len([n for n in notes if n.startswith("traceml's own cost")]) == 1, notes
+
+
+def test_setup_differences_a_loops_counted_accumulation_and_within_a_side(tmp_path):
+    # A hand-written loop's setup cannot say its accumulation (null on both sides): a change
+    # of it read "Setup differences: none" and the gate failed the PR on it; with several runs
+    # a side, only the first A run and the first B run were compared (helper review).
+    runs = [make_summary(tmp_path / name, steps=40, seed=i, **BASE)[1] for i, name in
+            enumerate(("a1", "a2", "b1", "b2"))]  # fmt: skip
+    for run in runs:  # as a hand-written loop's
+        run[schema.SUMMARY_SETUP].update(
+            {schema.ACCUMULATE_GRAD_BATCHES: None, schema.BATCH_SIZE: None}
+        )
+    a1, a2, b1, b2 = runs
+    b1[schema.SUMMARY_OVERALL][schema.PHASE_STATS][schema.MICROBATCHES]["mean"] = 2.0
+    assert compare(a1, b1)["setup_differences"] == ["microbatches per step (counted): 1.0 -> 2.0"]
+    b1[schema.SUMMARY_OVERALL][schema.PHASE_STATS][schema.MICROBATCHES]["mean"] = 1.0
+    a2[schema.SUMMARY_SETUP][schema.BATCH_SIZE] = 32
+    b2[schema.SUMMARY_SETUP][schema.ACCUMULATE_GRAD_BATCHES] = 2
+    assert compare([a1, a2], [b1, b2])["setup_differences"] == [
+        "within A: batch size: not set -> 32",
+        "within B: gradient accumulation: not set -> 2",
+    ]
+
+
+def test_a_run_reported_again_with_another_warm_up_is_still_the_same_run(tmp_path, capsys):
+    # Another warm-up skipped moves every statistic of the summary: the copy passed the
+    # duplicate check, and made a noise floor of one run twice (helper review).
+    a, _ = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    b, _ = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    assert main(["report", str(tmp_path / "copy"), "--threshold", "warmup_steps=5"]) == 0
+    capsys.readouterr()
+    copy = tmp_path / "copy" / schema.SUMMARY_JSON
+    assert main(["compare", "--noise-floor-from", str(a), str(copy), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "is the same run as" in err and err.count("\n") == 1
+    assert main(["compare", str(a), str(copy)]) == 0
+    assert "the same run on both sides" in capsys.readouterr().out

@@ -80,7 +80,7 @@ from traceml.analysis.compare_setup import (
     diagnosis_change,
     imbalance_ratio,
     memory_comparison,
-    setup_differences,
+    sides_setup_differences,
 )
 
 
@@ -101,7 +101,7 @@ def compare(
     first_a, first_b = side_a[0], side_b[0]
     fields = _compare_fields(side_a, side_b, options)
     step = fields[schema.STEP]
-    unfair, changed = setup_differences(first_a, first_b)
+    unfair, changed = sides_setup_differences(side_a, side_b)
     one_run_a_side = len(side_a) == 1 and len(side_b) == 1
     blocking = blocking_differences(side_a, side_b)
     reasons = inconclusive_reasons(side_a, side_b, fields, blocking, options)

@@ -26,7 +26,13 @@ from traceml.analysis.compare_estimate import (
     CompareOptions,
     run_estimate,
 )
-from traceml.analysis.compare_setup import RUN_UNNAMED, as_text, listing, own_cost_notes
+from traceml.analysis.compare_setup import (
+    RUN_UNNAMED,
+    as_text,
+    listing,
+    own_cost_notes,
+    run_identity,
+)
 
 
 def inconclusive_reasons(
@@ -135,12 +141,8 @@ def _same_run_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) 
     """A run given on both sides (the same file twice, or a copy of it): no change by
     construction, which a user comparing before with after did not mean to ask."""
 
-    def identity(summary: dict[str, Any]) -> tuple[Any, ...]:
-        return (
-            summary.get(schema.RUN),
-            summary.get(schema.SUMMARY_RUN_DIR),
-            repr(summary.get(schema.SUMMARY_OVERALL)),
-        )
+    def identity(summary: dict[str, Any]) -> str:  # (a copy reported again is the same run)
+        return run_identity(summary, ("_path", "_file", schema.SUMMARY_RUN_DIR))
 
     in_a = {identity(s): s for s in side_a}
     both = [s for s in side_b if identity(s) in in_a]

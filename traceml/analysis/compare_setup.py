@@ -31,6 +31,51 @@ def _missing(key: str) -> str:
     return "not set" if key in _OPTIONS else "unknown"
 
 
+# What a rank file says of its run that no report of it changes (warm-up, thresholds).
+_RANK_FACTS = (
+    schema.RANK,
+    schema.HOST,
+    schema.SUMMARY_STEPS_RECORDED,
+    schema.WALL_MS,
+    schema.BETWEEN_STEPS_MS,
+    schema.AFTER_LAST_STEP_MS,
+    schema.PEAK_RSS,
+)
+
+
+def run_identity(summary: dict[str, Any], reporting: tuple[str, ...]) -> str:
+    """The same for two summaries of one run, however each was reported (another warm-up
+    skipped moves every statistic) or wherever it was copied; else all but the ``reporting``
+    keys (a summary without rank entries)."""
+    ranks = summary.get(schema.SUMMARY_RANKS)
+    entries = [e for e in ranks if isinstance(e, dict)] if isinstance(ranks, list) else []
+    if entries and all(e.get(schema.WALL_MS) is not None for e in entries):
+        facts = sorted(repr([e.get(key) for key in _RANK_FACTS]) for e in entries)
+        return repr((summary.get(schema.RUN), summary.get(schema.SUMMARY_SETUP), facts))
+    return repr({k: v for k, v in summary.items() if k not in reporting})
+
+
+def sides_setup_differences(
+    side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]
+) -> tuple[list[str], list[str]]:
+    """:func:`setup_differences` between the sides' first runs, and within each side between
+    its first run and each other (several runs a side must be runs of one setup)."""
+    unfair, changed = setup_differences(side_a[0], side_b[0])
+    for name, side in (("A", side_a), ("B", side_b)):
+        for other in side[1:]:
+            more_unfair, more_changed = setup_differences(side[0], other)
+            unfair += [f"within {name}: {difference}" for difference in more_unfair]
+            changed += [f"within {name}: {difference}" for difference in more_changed]
+    return list(dict.fromkeys(unfair)), list(dict.fromkeys(changed))
+
+
+def _measured_accumulation(summary: dict[str, Any]) -> float | None:
+    """Microbatches per step as counted (a hand-written loop's setup cannot say it)."""
+    phases = (summary.get(schema.SUMMARY_OVERALL) or {}).get(schema.PHASE_STATS) or {}
+    mean = (phases.get(schema.MICROBATCHES) or {}).get("mean")
+    return round(mean, 1) if isinstance(mean, (int, float)) and mean > 0 else None
+
+
 def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
     setup_a = a.get(schema.SUMMARY_SETUP) or {}
     setup_b = b.get(schema.SUMMARY_SETUP) or {}
@@ -38,6 +83,11 @@ def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], 
     for key, name in _SETUP_KEYS:
         if setup_a.get(key) != setup_b.get(key):
             unfair.append(f"{name}: {_arrow(setup_a.get(key), setup_b.get(key), _missing(key))}")
+    key = schema.ACCUMULATE_GRAD_BATCHES
+    if setup_a.get(key) is None and setup_b.get(key) is None:
+        before, after = _measured_accumulation(a), _measured_accumulation(b)
+        if before is not None and after is not None and abs(before - after) >= 0.5:
+            unfair.append(f"microbatches per step (counted): {_arrow(before, after, 'unknown')}")
     versions_a = setup_a.get(schema.VERSIONS) or {}
     versions_b = setup_b.get(schema.VERSIONS) or {}
     for package in ("torch", "pytorch_lightning", "lightning", "rfdetr"):
