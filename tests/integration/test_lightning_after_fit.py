@@ -142,3 +142,28 @@ def test_an_interactive_session_gets_its_report_when_the_fit_ends(tmp_path):
     assert "traceml: repl (completed; 1 rank" in out
     assert out.index("traceml report ====") < out.index("BACK AT THE PROMPT")
     assert (tmp_path / "logs" / "repl" / "final_summary.json").is_file()
+
+
+def test_a_ctrl_c_during_the_interactive_report_is_the_users(tmp_path):
+    # The report runs inside the user's fit call in a notebook: a Ctrl-C there was swallowed
+    # (one line), and the rest of the cell ran on (review of this stop's diff).
+    (tmp_path / "after_fit.py").write_text(SCRIPT)
+    env = traced_env(tmp_path / "logs", "repl")
+    env["TRACEML_REPORT"] = "1"
+    ctrl_c = (
+        "import sys\n"
+        "def tracer(frame, event, arg):\n"
+        "    if event == 'call' and frame.f_code.co_name == 'communicate':\n"
+        "        sys.settrace(None)\n"
+        "        raise KeyboardInterrupt  # Ctrl-C while the report child runs\n"
+        "\n"
+    )
+    typed = ctrl_c + 'sys.settrace(tracer); exec(open("after_fit.py").read()); print("NEXT")\n'
+    result = subprocess.run(
+        [PYTHON, "-u", "-i"], input=typed, env=env, cwd=tmp_path, timeout=300,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    out = result.stdout
+    assert "traceml: could not write the final report: interrupted (Ctrl-C)" in out, out[-3000:]
+    assert "NEXT\n" not in out  # the cell stopped there
+    assert "KeyboardInterrupt" in out

@@ -105,6 +105,15 @@ def test_most_of_the_time_between_steps_is_a_caveat_the_verdict_does_not_see(tmp
         line = " ".join(text.split())
         caveat = "Caveat: 53% of the time from the first step to the last (2.28 s of 4.28 s)"
         assert (caveat in line) is said, (gap_ms, tail_s)
+        if said:  # where a step ends is the integration's (review of this stop's diff)
+            setup = _summary[schema.SUMMARY_SETUP]
+            for integration, where in (
+                ("torch", "A step ends as optimizer.step() returns"),
+                ("hf_trainer", "A step ends at the Trainer's on_step_end"),
+                ("lightning", "A step ends once the callbacks' on_train_batch_end have run"),
+            ):
+                setup[schema.INTEGRATION] = integration
+                assert where in " ".join(render_text(_summary).split()), integration
 
 
 def test_without_an_end_time_between_steps_says_what_it_covers(tmp_path):

@@ -64,6 +64,23 @@ NEXT_STEPS = {
     ),
 }
 
+# Where a step ends, and so what lies between steps, by integration (the outside-steps caveat).
+STEP_END_BY_INTEGRATION: dict[str, str] = {
+    "torch": (
+        "A step ends as optimizer.step() returns: what your loop does after it (an lr "
+        "scheduler, zero_grad, logging, a sync such as .item()) runs there every step"
+    ),
+    "hf_trainer": (
+        "A step ends at the Trainer's on_step_end: its logging (logging_steps), evaluation "
+        "and checkpoints, and your callbacks' on_log / on_save, run there"
+    ),
+    "lightning": (
+        "A step ends once the callbacks' on_train_batch_end have run: the LightningModule's "
+        "own on_train_batch_end, per-step logging, validation and checkpoints run there"
+    ),
+}
+STEP_END_BY_INTEGRATION["rfdetr"] = STEP_END_BY_INTEGRATION["lightning"]
+
 # RESIDUAL_HEAVY's advice where the integration says what its Residual holds (the phases'
 # spans: docs/supported.md, docs/any_pytorch.md); any other loop gets NEXT_STEPS's.
 RESIDUAL_BY_INTEGRATION: dict[str, str] = {
@@ -79,9 +96,9 @@ RESIDUAL_BY_INTEGRATION: dict[str, str] = {
         "often."
     ),
     "hf_trainer": (
-        "Residual is compute_loss beyond the model's forward, gradient clipping, and your "
-        "callbacks' step hooks (on_step_end, on_optimizer_step: an EMA update): profile one "
-        "step (torch.profiler) and log less often (logging_steps)."
+        "Residual is compute_loss beyond the model's forward, gradient clipping, the lr "
+        "scheduler and zero_grad, and your callbacks' step hooks (on_pre_optimizer_step, "
+        "on_optimizer_step: an EMA update): profile one step (torch.profiler)."
     ),
 }
 

@@ -18,6 +18,7 @@ from traceml.analysis.diagnose_base import (
     OPTIMIZER_HEAVY,
     RESIDUAL_BY_INTEGRATION,
     RESIDUAL_HEAVY,
+    STEP_END_BY_INTEGRATION,
     WARN,
     PhaseView,
     new_verdict,
@@ -252,14 +253,13 @@ def outside_caveat(
     between, wall = overall.get(schema.BETWEEN_STEPS_MS), overall.get(schema.WALL_MS)
     if not between or not wall or between / wall < limits["outside_steps"]:
         return None
+    integration = (summary.get(schema.SUMMARY_SETUP) or {}).get(schema.INTEGRATION)
+    where = STEP_END_BY_INTEGRATION.get(integration, STEP_END_BY_INTEGRATION["torch"])
     return (
         f"{pct(between / wall)} of the time from the first step to the last "
         f"({between / 1000:.2f} s of {wall / 1000:.2f} s) was between steps, which the verdict "
-        "and the throughput leave out. A step ends as optimizer.step() returns: what your loop "
-        "does after it (an lr scheduler, zero_grad, logging, a sync such as .item()) and "
-        "Lightning's LightningModule.on_train_batch_end run there every step, validation, "
-        "checkpoints and epoch ends now and then (each step's gap_ms in the rank files says "
-        "which)."
+        f"and the throughput leave out. {where}; validation, checkpoints and epoch ends too "
+        "(each step's gap_ms in the rank files says which)."
     )
 
 

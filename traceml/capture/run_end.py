@@ -95,6 +95,8 @@ def _run_child(command: list[str], failure: str, *, through_sys_stderr: bool = F
         )  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C while it ran (subprocess.run ended it): one line
         console.warn(f"{failure.split(' (')[0]}: interrupted (Ctrl-C)")
+        if through_sys_stderr:  # inside the user's training call (a notebook): theirs
+            raise
         return
     if completed.stdout:
         sys.stderr.write(completed.stdout)
