@@ -118,6 +118,7 @@ GAP_MS = "gap_ms"  # time since the previous step ended (validation, checkpoints
 MEM_PEAK_ALLOCATED = "mem_peak_allocated_bytes"
 MEM_PEAK_RESERVED = "mem_peak_reserved_bytes"
 RSS = "rss_bytes"
+RSS_HWM = "rss_hwm_bytes"  # footer: the process's RSS high-water mark, the kernel's (getrusage)
 OPTIMIZER_STEPPED = "optimizer_stepped"
 # traceml's own cost: time spent inside its hooks and writes since the previous step record
 # (the record's own write counts towards the next one), microseconds.
@@ -178,8 +179,7 @@ EVENT_MAX_STEPS = "trace_max_steps_reached"
 EVENT_VERSION = "untested_version"
 EVENT_NOTE = "note"
 EVENT_BUCKET_TIMING_OFF = "bucket_timing_off"
-# The header's integration, corrected before any step (a forward before the HF Trainer's
-# train() opened the run as a hand-written loop); the reader applies it to the header.
+# The header's integration corrected before any step (a forward before HF's train()): reader's.
 EVENT_INTEGRATION = "integration"
 
 

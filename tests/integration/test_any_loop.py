@@ -913,6 +913,42 @@ def test_an_optimizer_that_steps_another_is_one_optimizer(tmp_path):
     assert len(steps) == 5 and all(s[schema.OPTIMIZER] >= 20 for s in steps), steps
 
 
+TRANSIENT_MEMORY = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):  # 400 MB of activations, allocated and freed inside each forward
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x):
+        scratch = torch.ones(100 * 2**20)  # 400 MB, touched
+        return self.fc(x) + scratch[:1] * 0
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(6):
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    optimizer.step()
+print("RESULT done")
+"""
+
+
+def test_peak_rss_counts_memory_a_step_allocates_and_frees(tmp_path):
+    # RSS is read at step ends: 400 MB of activations freed before each step's end never
+    # showed, and "Peak RSS" was a third below the process's real peak (helper review). The
+    # footer carries the kernel's high-water mark.
+    assert warnings_of_a_loop_run_as_untraced(tmp_path, "transient", TRANSIENT_MEMORY) == []
+    records = rank_records(tmp_path / "logs" / "transient")
+    at_step_ends = max(s[schema.RSS] for s in steps_of(records) if s.get(schema.RSS))
+    summary = reduce_run(tmp_path / "logs" / "transient")
+    assert summary[schema.SUMMARY_OVERALL][schema.PEAK_RSS] >= at_step_ends + 300 * 2**20
+
+
 SHAPES = """
 import os
 import queue

@@ -13,7 +13,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis import job_series, resources, stats, unstepped, workers
-from traceml.analysis.clean import clean_records
+from traceml.analysis.clean import clean_records, is_number
 from traceml.analysis.notes import rank_notes
 from traceml.analysis.rankfile import RankRecords, read_rank_file
 
@@ -178,7 +178,7 @@ def reduce_rank(
     )
     entry[schema.PEAK_ALLOCATED] = max_or_none(columns[schema.MEM_PEAK_ALLOCATED])
     entry[schema.PEAK_RESERVED] = max_or_none(columns[schema.MEM_PEAK_RESERVED])
-    entry[schema.PEAK_RSS] = max_or_none(columns[schema.RSS])
+    entry[schema.PEAK_RSS] = _peak_rss(columns[schema.RSS], footer.get(schema.RSS_HWM))
     gaps = _present(columns[schema.GAP_MS])
     # One step has no gap, so 0; several steps whose gaps all went unmeasured, unknown.
     entry[schema.BETWEEN_STEPS_MS] = math.fsum(gaps) if gaps else (0.0 if count == 1 else None)
@@ -187,6 +187,16 @@ def reduce_rank(
     entry[schema.TIMELINE] = _timeline(columns, skipped)
     entry[schema.TELEMETRY] = resources.rank_telemetry(columns, data.samples, data.header, skipped)
     return entry, sketches, sums
+
+
+def _peak_rss(at_step_ends: list[Any], high_water_mark: Any) -> float | None:
+    """The process's peak RSS: the kernel's high-water mark where the footer has it (memory a
+    step allocates and frees, as activations, between two step-end readings), never below
+    those readings."""
+    peak = max_or_none(at_step_ends)
+    if is_number(high_water_mark) and high_water_mark > 0:
+        return high_water_mark if peak is None else max(peak, high_water_mark)
+    return peak
 
 
 def _step_span(columns: dict[str, list[Any]]) -> tuple[float | None, float | None]:

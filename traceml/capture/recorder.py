@@ -199,6 +199,7 @@ class RankRecorder:
             footer[schema.ERROR] = self.error
         if self.error_type:
             footer[schema.ERROR_TYPE] = self.error_type
+        footer[schema.RSS_HWM] = _rss_high_water_mark()
         self.sink.write(footer)
         self.sink.close()
 
@@ -252,3 +253,16 @@ def _job_identity() -> str | None:
     address: with a static rendezvous each node's workers get their own node's spelling."""
     parts = [os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_PORT")]
     return "|".join(parts) if any(parts) else None
+
+
+def _rss_high_water_mark() -> int | None:
+    """The most RSS this process ever held (bytes): what a step allocates and frees between
+    two step-end readings of RSS (activations) counts. Null where the kernel cannot say."""
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # (Linux: KiB)
+    except Exception:
+        return None
