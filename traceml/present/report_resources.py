@@ -111,7 +111,9 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
     costs = [t.get("sampler_cpu_pct") for _, t in rows if t.get("sampler_cpu_pct") is not None]
     if costs:
         lines.append(f"  traceml's sampler used {max(costs):.2f}% of one core (at most, per rank)")
-    lines.append("  ~: no sustained trend (within noise); dev: allocated device memory")
+    lines.append(
+        "  ~: not sustained (noise, or not in both halves of the run); dev: allocated device memory"
+    )
     return lines
 
 
