@@ -1,6 +1,7 @@
 """traceml compare over summaries made from synthetic records."""
 
 import json
+import re
 import shutil
 
 import orjson
@@ -672,3 +673,14 @@ def test_a_run_reported_again_with_another_warm_up_is_still_the_same_run(tmp_pat
     assert "is the same run as" in err and err.count("\n") == 1
     assert main(["compare", str(a), str(copy)]) == 0
     assert "the same run on both sides" in capsys.readouterr().out
+
+
+def test_a_measured_noise_floor_is_printed_rounded(tmp_path):
+    # "within the 11.9148% noise floor" under a header that said 11.9% (helper review).
+    _, a = make_summary(tmp_path / "a", steps=40, seed=1, **BASE)
+    _, b = make_summary(tmp_path / "b", steps=40, seed=2, **BASE)
+    result = compare(a, b, CompareOptions(noise_floor_pct=11.9148))
+    assert result["noise"]["noise_floor_pct"] == 11.9148  # the figure itself, unrounded
+    words = [t for t in re.findall(r'"([^"]*noise floor[^"]*)"', json.dumps(result))]
+    assert words and all("11.9148" not in t for t in words), words
+    assert any("11.9% noise floor" in t for t in words)

@@ -277,7 +277,7 @@ def _hiding_rule(
             return HIDDEN_MATERIAL, f"under {MATERIAL_SHARE * 100:.0f}% of step"
     if not diff.between_runs:
         if abs(change) <= options.noise_floor_pct:
-            return HIDDEN_NOISE_FLOOR, f"{options.noise_floor_pct:g}% noise floor"
+            return HIDDEN_NOISE_FLOOR, f"{options.noise_floor_pct:.3g}% noise floor"
         drift = max(drifts) if drifts else 0.0
         if abs(change) <= drift:
             return HIDDEN_DRIFT, f"drift {drift:.1f}%"

@@ -171,7 +171,7 @@ def _no_change_verdict(
     if interval is None:
         why.append("step time has no interval (too few steps to estimate the noise)")
     elif step.get("hidden_rule") == HIDDEN_NOISE_FLOOR:
-        why.append(f"step time {change} is within the {options.noise_floor_pct:g}% noise floor")
+        why.append(f"step time {change} is within the {options.noise_floor_pct:.3g}% noise floor")
     elif step.get("hidden_rule") == HIDDEN_DRIFT:
         why.append(
             f"step time {change} is within the runs' own drift ({drift:.1f}%, first vs second half)"
@@ -206,7 +206,7 @@ def method_rules(
         rules.append("within-run error from batch means (correlated steps), Welch t")
         rules.append(
             "one run a side: run-to-run noise unknown, so a change must exceed the "
-            f"{options.noise_floor_pct:g}% noise floor and each run's first-vs-second-half drift"
+            f"{options.noise_floor_pct:.3g}% noise floor and each run's first-vs-second-half drift"
         )
     else:
         rules.append(f"between-run spread of {runs_a} + {runs_b} runs' means, pooled t")

@@ -98,8 +98,8 @@ def _floor_text(noise: dict[str, Any]) -> str:
     if source == NOISE_FLOOR_MEASURED:
         return f"{noise['noise_floor_pct']:.1f}% (measured, {noise['noise_floor_runs']} runs)"
     if source == NOISE_FLOOR_GIVEN:
-        return f"{noise['noise_floor_pct']:g}% (--noise-floor)"
-    return f"{noise['noise_floor_pct']:g}% (assumed)"
+        return f"{noise['noise_floor_pct']:.3g}% (--noise-floor)"
+    return f"{noise['noise_floor_pct']:.3g}% (assumed)"
 
 
 GUESS_ADVICE = (
