@@ -177,15 +177,22 @@ def unfinished_ranks_note(run_dir: Path, wait_s: float) -> list[str]:
     ]
 
 
-def ending(signal_name: str | None, exit_code: int) -> dict[str, Any]:
+def ending(signal_name: str | None, exit_code: int, died_of: str | None = None) -> dict[str, Any]:
     """How a ``traceml run`` training ended, as :func:`summarise`'s options (``status``,
     ``exit_code``, ``notes``): the signal the launcher received and passed on (the run was
-    interrupted), else the script's failing exit code (it failed)."""
+    interrupted), else a signal the script died of (``died_of``: sent to it from elsewhere,
+    the kernel's OOM killer), else the script's failing exit code (it failed)."""
     notes = []
     if signal_name is not None:
         notes.append(
             f"traceml run received {signal_name} and stopped the training; "
             "this report covers the steps finished before that"
+        )
+    elif died_of is not None:
+        notes.append(
+            f"the script was killed by {died_of} (exit code {exit_code}), not sent by traceml "
+            "run (the kernel's out-of-memory killer sends SIGKILL): this report covers the "
+            "steps recorded before that"
         )
     elif exit_code != 0:
         notes.append(
@@ -208,9 +215,12 @@ def launch_ending(run_dir: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         return {}
     code, name = manifest.get("exit_code"), manifest.get("signal")
-    if type(code) is not int or not (name is None or _SIGNAL_NAME.fullmatch(str(name))):
+    died_of = manifest.get("script_signal")
+    if type(code) is not int or not all(
+        value is None or _SIGNAL_NAME.fullmatch(str(value)) for value in (name, died_of)
+    ):
         return {}
-    return ending(name, code)
+    return ending(name, code, died_of)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -179,6 +179,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
         ended_at=_utc_now(),
         exit_code=exit_code,
         signal=signal.Signals(received).name if received else None,
+        script_signal=died_of(returncode),
     )
     if not is_node_zero:
         from traceml.launch_report import reduce_this_node
@@ -194,7 +195,7 @@ def run_command(args: argparse.Namespace, *, thresholds: dict[str, float]) -> in
     _write_manifest(run_dir, manifest)
     from traceml.launch_report import report_run
 
-    exit_code = report_run(args, settings, received, exit_code)
+    exit_code = report_run(args, settings, received, exit_code, manifest["script_signal"])
     die_like(returncode)
     return exit_code
 
@@ -312,6 +313,16 @@ def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
             run_dir / schema.MANIFEST_JSON,
             orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE),
         )
+
+
+def died_of(returncode: int) -> str | None:
+    """The name of the signal the script was killed by (a negative return code), else None."""
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:  # a number the signal module has no name for
+        return None
 
 
 def exit_code_for(returncode: int) -> int:

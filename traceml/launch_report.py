@@ -28,7 +28,11 @@ SINGLE_NODE_REPORT_WAIT_S = 0.0
 
 
 def report_run(
-    args: argparse.Namespace, settings: Settings, received: int | None, exit_code: int
+    args: argparse.Namespace,
+    settings: Settings,
+    received: int | None,
+    exit_code: int,
+    died_of: str | None = None,
 ) -> int:
     """Node 0 after the training: wait for the ranks, summarise, print; the exit code to use."""
     run_dir = settings.run_dir
@@ -42,7 +46,7 @@ def report_run(
         options: dict[str, Any] = {
             "thresholds": settings.thresholds,
             "html": settings.html,
-            **ending(signal_name, exit_code),
+            **ending(signal_name, exit_code, died_of),
         }
         # Several nodes: each reduces its own ranks into a partial; node 0 merges them.
         _summary, text = (

@@ -146,6 +146,20 @@ def test_a_script_exiting_with_an_error_code_after_training_is_a_failed_run(tmp_
     assert summary["status"] == "failed"
 
 
+def test_a_script_killed_from_elsewhere_is_named_by_its_signal(tmp_path, tiny):
+    # Killed by SIGKILL (the OOM killer's), not by traceml run: the report read "exited with
+    # code 137 (a failure, by its own account)" (helper review).
+    env = clean_env(TINY_BATCHES=4, TINY_VALIDATE=0, TINY_KILL_ITSELF=1)
+    result = run(
+        traceml("run", tiny, "--logs-dir", tmp_path / "logs", "--run-name", "oom"), env, tmp_path
+    )
+    assert result.returncode == 137, result.stderr  # 128 + 9, as a shell shows it
+    assert "the script was killed by SIGKILL (exit code 137), not sent by traceml run" in (
+        result.stderr
+    )
+    assert "by its own account" not in result.stderr
+
+
 def test_script_that_raises_after_three_steps(tmp_path, tiny):
     env = clean_env(TINY_BATCHES=10, TINY_RAISE_AFTER=3, TINY_VALIDATE=0)
     result = run(

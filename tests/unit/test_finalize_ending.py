@@ -32,9 +32,29 @@ def test_a_signal_interrupts_the_run(tmp_path):
     assert ending["notes"][0].startswith("traceml run received SIGTERM and stopped")
 
 
+def test_a_script_killed_from_elsewhere_is_not_a_failure_by_its_own_account(tmp_path):
+    # A SIGKILL to the script (the OOM killer) read "exited with code 137 (a failure, by its
+    # own account)" (helper review): the manifest names the signal it died of.
+    write_manifest(tmp_path, exit_code=137, signal=None, script_signal="SIGKILL")
+    ending = launch_ending(tmp_path)
+    assert ending["exit_code"] == 137 and ending["status"] is None
+    assert ending["notes"] == [
+        "the script was killed by SIGKILL (exit code 137), not sent by traceml run (the "
+        "kernel's out-of-memory killer sends SIGKILL): this report covers the steps recorded "
+        "before that"
+    ]
+
+
+def test_the_launcher_names_the_signal_a_script_died_of():
+    from traceml.launch import died_of
+
+    assert (died_of(-9), died_of(0), died_of(3), died_of(-200)) == ("SIGKILL", None, None, None)
+
+
 @pytest.mark.parametrize(
     "fields",
     [
+        {"exit_code": 4, "signal": None, "script_signal": "SIGKILL\nforged"},
         {"exit_code": None, "signal": None},  # still running
         {"exit_code": True, "signal": None},
         {"exit_code": "4", "signal": None},
