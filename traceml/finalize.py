@@ -189,10 +189,10 @@ def ending(signal_name: str | None, exit_code: int, died_of: str | None = None) 
             "this report covers the steps finished before that"
         )
     elif died_of is not None:
+        oom = " (the kernel's out-of-memory killer sends SIGKILL)" if died_of == "SIGKILL" else ""
         notes.append(
             f"the script was killed by {died_of} (exit code {exit_code}), not sent by traceml "
-            "run (the kernel's out-of-memory killer sends SIGKILL): this report covers the "
-            "steps recorded before that"
+            f"run{oom}: this report covers the steps recorded before that"
         )
     elif exit_code != 0:
         notes.append(

@@ -118,7 +118,7 @@ GAP_MS = "gap_ms"  # time since the previous step ended (validation, checkpoints
 MEM_PEAK_ALLOCATED = "mem_peak_allocated_bytes"
 MEM_PEAK_RESERVED = "mem_peak_reserved_bytes"
 RSS = "rss_bytes"
-RSS_HWM = "rss_hwm_bytes"  # footer: the process's RSS high-water mark, the kernel's (getrusage)
+RSS_HWM = "rss_hwm_bytes"  # footer: the process RSS high-water mark, the kernel VmHWM
 OPTIMIZER_STEPPED = "optimizer_stepped"
 # traceml's own cost: time spent inside its hooks and writes since the previous step record
 # (the record's own write counts towards the next one), microseconds.

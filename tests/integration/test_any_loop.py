@@ -949,6 +949,31 @@ def test_peak_rss_counts_memory_a_step_allocates_and_frees(tmp_path):
     assert summary[schema.SUMMARY_OVERALL][schema.PEAK_RSS] >= at_step_ends + 300 * 2**20
 
 
+STARTED_BY_A_BIG_PROCESS = """
+import os, subprocess, sys
+
+held = bytearray(1 << 30)  # 1 GiB, touched: this parent's peak
+for start in range(0, len(held), 4096):
+    held[start] = 1
+script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transient_loop.py")
+env = dict(os.environ, TRACEML="1")
+sys.exit(subprocess.run([sys.executable, script], env=env).returncode)
+"""
+
+
+def test_peak_rss_is_not_the_parent_processs(tmp_path):
+    # getrusage's ru_maxrss keeps the parent's peak across exec: a training started by a
+    # process that held 3 GiB read "Peak RSS: 3.0 GiB" (review). VmHWM starts afresh.
+    (tmp_path / "transient_loop.py").write_text(TRANSIENT_MEMORY.replace("100 * 2**20", "16"))
+    (tmp_path / "parent.py").write_text(STARTED_BY_A_BIG_PROCESS)
+    env = traced_env(tmp_path / "logs", "child")
+    env.pop("TRACEML")  # the parent untraced; its child traced
+    result = run([PYTHON, tmp_path / "parent.py"], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = reduce_run(tmp_path / "logs" / "child")
+    assert summary[schema.SUMMARY_OVERALL][schema.PEAK_RSS] < 900 * 2**20
+
+
 SHAPES = """
 import os
 import queue

@@ -140,8 +140,6 @@ def reduce_rank(
     """One rank's summary entry, and the sketches and share sums its analysed steps add to the
     overall view."""
     columns = dict(data.columns)
-    if (data.header or {}).get(schema.BUCKET_TIMING) == "off":
-        _unmeasured_bucket_waits(columns)
     _derive_own(columns)
     count = data.step_count
     skipped = min(warmup, count) if count > warmup else 0
@@ -332,6 +330,8 @@ def summarise_records(data: RankRecords, warmup: int) -> dict[str, Any]:
     """:func:`summarise_rank` for records already in memory (the live view's window)."""
     unstepped.set_aside(data)
     clean_records(data)
+    if (data.header or {}).get(schema.BUCKET_TIMING) == "off":
+        _unmeasured_bucket_waits(data.columns)  # for the job series (compare) too
     notes, max_steps_message = rank_notes(data)
     entry, sketches, sums = reduce_rank(data, warmup)
     return {

@@ -256,13 +256,15 @@ def _job_identity() -> str | None:
 
 
 def _rss_high_water_mark() -> int | None:
-    """The most RSS this process ever held (bytes): what a step allocates and frees between
-    two step-end readings of RSS (activations) counts. Null where the kernel cannot say."""
+    """The most RSS this process's memory ever held (bytes): what a step allocates and frees
+    between two step-end readings of RSS (activations) counts. The kernel's VmHWM, which an
+    exec starts afresh (getrusage's ru_maxrss keeps the parent's peak across it: a training
+    started by a big process would read its parent's). Null where /proc cannot say."""
     try:
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # (Linux: KiB)
-    except Exception:
-        return None
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
