@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 
-from traceml import schema
 from traceml.analysis.compare import (
     DEFAULT_NOISE_FLOOR_PCT,
     INCONCLUSIVE,
@@ -121,17 +120,6 @@ def compare_command(args: Any) -> int:
     return code
 
 
-_REPORTING = (
-    "_path",
-    "_file",
-    schema.SUMMARY_RUN_DIR,
-    schema.SUMMARY_GENERATED_AT,
-    schema.SUMMARY_THRESHOLDS,
-    schema.SUMMARY_VERDICTS,
-    schema.SUMMARY_NOTES,
-)
-
-
 def _distinct(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The summaries of one side (or of --noise-floor-from): one run given twice would count
     as two identical runs (a spread of 0%, a floor that is no measurement)."""
@@ -139,7 +127,7 @@ def _distinct(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for summary in summaries:
         # What the run measured, not where or when (or with which thresholds or warm-up) it
         # was reported: a copied run directory reported again is the same run.
-        content = run_identity(summary, _REPORTING)
+        content = run_identity(summary)
         path = summary.get("_path", "?")
         if content in seen:
             raise CompareInputError(

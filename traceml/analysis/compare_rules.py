@@ -141,11 +141,8 @@ def _same_run_notes(side_a: list[dict[str, Any]], side_b: list[dict[str, Any]]) 
     """A run given on both sides (the same file twice, or a copy of it): no change by
     construction, which a user comparing before with after did not mean to ask."""
 
-    def identity(summary: dict[str, Any]) -> str:  # (a copy reported again is the same run)
-        return run_identity(summary, ("_path", "_file", schema.SUMMARY_RUN_DIR))
-
-    in_a = {identity(s): s for s in side_a}
-    both = [s for s in side_b if identity(s) in in_a]
+    in_a = {run_identity(s): s for s in side_a}  # (a copy reported again is the same run)
+    both = [s for s in side_b if run_identity(s) in in_a]
     if not both:
         return []
     names = [str(s.get(schema.RUN) or s.get("_path") or RUN_UNNAMED) for s in both]

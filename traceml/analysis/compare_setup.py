@@ -43,16 +43,28 @@ _RANK_FACTS = (
 )
 
 
-def run_identity(summary: dict[str, Any], reporting: tuple[str, ...]) -> str:
+# What a report adds of its own (where, when, with which thresholds it was made).
+_REPORTING = (
+    "_path",
+    "_file",
+    schema.SUMMARY_RUN_DIR,
+    schema.SUMMARY_GENERATED_AT,
+    schema.SUMMARY_THRESHOLDS,
+    schema.SUMMARY_VERDICTS,
+    schema.SUMMARY_NOTES,
+)
+
+
+def run_identity(summary: dict[str, Any]) -> str:
     """The same for two summaries of one run, however each was reported (another warm-up
-    skipped moves every statistic) or wherever it was copied; else all but the ``reporting``
-    keys (a summary without rank entries)."""
+    skipped moves every statistic) or wherever it was copied; else all but what the report
+    added (a summary without rank entries)."""
     ranks = summary.get(schema.SUMMARY_RANKS)
     entries = [e for e in ranks if isinstance(e, dict)] if isinstance(ranks, list) else []
     if entries and all(e.get(schema.WALL_MS) is not None for e in entries):
         facts = sorted(repr([e.get(key) for key in _RANK_FACTS]) for e in entries)
         return repr((summary.get(schema.RUN), summary.get(schema.SUMMARY_SETUP), facts))
-    return repr({k: v for k, v in summary.items() if k not in reporting})
+    return repr({k: v for k, v in summary.items() if k not in _REPORTING})
 
 
 def sides_setup_differences(

@@ -175,9 +175,9 @@ _live: list[tuple[type, str, FunctionType]] = []
 
 
 def lifted() -> list[tuple[type, str, FunctionType]]:
-    """Every weak door off its class, its previous function back (``torch.export`` and
-    ``torch.jit.trace`` record the source of each frame they run through, and the artifact
-    would name traceml's file); :func:`put_back` sets them again."""
+    """Every weak door off its class, its previous function back (``torch.export`` records
+    the source of each frame it runs through, and the program would name traceml's file);
+    :func:`put_back` sets them again."""
     taken = []
     for cls, name, door in list(_live):
         if cls.__dict__.get(name) is door:

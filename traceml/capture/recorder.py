@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from traceml import schema
+from traceml.capture.rss import rss_high_water_mark
 from traceml.capture.sink import RankSink, SinkError
 from traceml.settings import Settings
 from traceml.step_record import STEP_FIELD_OF_KEY, STEP_KEYS
@@ -199,7 +200,7 @@ class RankRecorder:
             footer[schema.ERROR] = self.error
         if self.error_type:
             footer[schema.ERROR_TYPE] = self.error_type
-        footer[schema.RSS_HWM] = _rss_high_water_mark()
+        footer[schema.RSS_HWM] = rss_high_water_mark()
         self.sink.write(footer)
         self.sink.close()
 
@@ -253,18 +254,3 @@ def _job_identity() -> str | None:
     address: with a static rendezvous each node's workers get their own node's spelling."""
     parts = [os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_PORT")]
     return "|".join(parts) if any(parts) else None
-
-
-def _rss_high_water_mark() -> int | None:
-    """The most RSS this process's memory ever held (bytes): what a step allocates and frees
-    between two step-end readings of RSS (activations) counts. The kernel's VmHWM, which an
-    exec starts afresh (getrusage's ru_maxrss keeps the parent's peak across it: a training
-    started by a big process would read its parent's). Null where /proc cannot say."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return None

@@ -7,6 +7,22 @@ from __future__ import annotations
 RSS_EVERY_NS = 50_000_000
 
 
+def rss_high_water_mark() -> int | None:
+    """The most RSS this process's memory ever held (bytes), read once (the footer's): what
+    a step allocates and frees between two step-end readings (activations) counts. The
+    kernel's VmHWM, which an exec starts afresh (getrusage's ru_maxrss keeps the parent's
+    peak across it: a training started by a big process would read its parent's). Null where
+    /proc cannot say."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def rss_reader():
     """A callable returning this process's resident set size in bytes, cheaply.
 
