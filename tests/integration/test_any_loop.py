@@ -952,7 +952,7 @@ def test_peak_rss_counts_memory_a_step_allocates_and_frees(tmp_path):
 STARTED_BY_A_BIG_PROCESS = """
 import os, subprocess, sys
 
-held = bytearray(1 << 30)  # 1 GiB, touched: this parent's peak
+held = bytearray(3 << 29)  # 1.5 GiB, touched: this parent's peak
 for start in range(0, len(held), 4096):
     held[start] = 1
 script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transient_loop.py")
@@ -971,7 +971,11 @@ def test_peak_rss_is_not_the_parent_processs(tmp_path):
     result = run([PYTHON, tmp_path / "parent.py"], env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = reduce_run(tmp_path / "logs" / "child")
-    assert summary[schema.SUMMARY_OVERALL][schema.PEAK_RSS] < 900 * 2**20
+    records = rank_records(tmp_path / "logs" / "child")
+    at_step_ends = max(s[schema.RSS] for s in steps_of(records) if s.get(schema.RSS))
+    # The child's own peak is near its step-end readings (its start-up's, some 0.7-0.9 GiB
+    # with torch, by the environment); the parent's 1.5 GiB is well above them.
+    assert summary[schema.SUMMARY_OVERALL][schema.PEAK_RSS] < at_step_ends + 256 * 2**20
 
 
 SHAPES = """
