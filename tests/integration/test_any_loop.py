@@ -1235,7 +1235,8 @@ def test_an_fsdp_loop_is_named_and_trains_untraced(tmp_path, kind):
     env = traced_env(tmp_path / "logs", "fsdp", LOOP_FSDP=kind, LOOP_STEPS=4)
     result = run(torchrun_2(LOOP), env, tmp_path, timeout=300)
     untraced = run(torchrun_2(LOOP), clean_env(LOOP_FSDP=kind, LOOP_STEPS="4"), tmp_path)
-    assert result.returncode == 0 == untraced.returncode, result.stderr[-4000:]
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert untraced.returncode == 0, untraced.stderr[-4000:]
     assert result.stdout.count("LOOP_RESULT steps=4") == 2
     # Two ranks' lines may interleave on torchrun's stdout: found, not split into lines.
     weights = sorted(re.findall(r"TINY_WEIGHTS \S+ sha256=\w{64}", result.stdout))

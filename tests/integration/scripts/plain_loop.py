@@ -246,6 +246,8 @@ def main() -> int:
     print_weights(model, stepped)
     print_outcome_if_asked()  # the transparency suite's line, objects alive
     if world > 1:
+        if fsdp:  # gloo may abort a rank whose peer leaves while its last gather still reads
+            torch.distributed.barrier()
         torch.distributed.destroy_process_group()
         if rank == env_int("LOOP_CRASH_RANK_AT_END", -1):  # once the other rank is at exit
             time.sleep(env_ms("LOOP_CRASH_DELAY_MS"))
