@@ -132,6 +132,13 @@ def test_a_hand_written_loop_is_traced_phase_by_phase(tmp_path, accelerate):
         assert_round_trip_as_untraced(stdout, "Net")
     steps = assert_complete(records, 6, "torch")
     assert_phases(steps, injected(*LOOP_MS))
+    # The training loader's batch size and workers, read from its iterator: null before, so
+    # no samples/s and no setup difference in compare for a hand-written loop (review).
+    summary = reduce_run(tmp_path / "logs" / "loop")
+    setup = summary[schema.SUMMARY_SETUP]
+    assert (setup[schema.BATCH_SIZE], setup["num_workers"]) == (4, 0), setup
+    overall = summary[schema.SUMMARY_OVERALL]
+    assert overall[schema.SAMPLES_PER_S] == pytest.approx(overall[schema.STEPS_PER_S] * 8)
     # Validation: 2 batches of 4 samples (5 ms each) and 2 forwards (25 ms) = 90 ms.
     assert_validation_outside_steps(steps, 2, 2 * 4 * GETITEM_MS + 2 * LOOP_MS[0])
 

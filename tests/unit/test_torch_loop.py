@@ -734,3 +734,31 @@ def test_a_generator_stepping_twice_on_one_batch_does_not_take_over():
         verdicts.append(judge(critic, True, fed=True))
         verdicts += [judge(generator, True, fed=False) for _ in range(2)]  # the same batch
     assert verdicts == [STEP, OTHER, OTHER] * 3
+
+
+def test_the_training_loaders_batch_size_and_workers_fill_what_the_loop_left_unknown():
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    from traceml import schema
+    from traceml.capture.frameworks.torch_loop_facts import loop_facts, with_loader
+
+    data = torch.utils.data.TensorDataset(torch.zeros(8, 2))
+
+    class Buckets(BatchSampler):  # a sampler of the user's may vary its batches' size
+        pass
+
+    def facts(known, **loader):
+        return with_loader(known, iter(DataLoader(data, **loader)))
+
+    assert facts(loop_facts(), batch_size=4) == {
+        schema.ACCUMULATE_GRAD_BATCHES: None,
+        schema.BATCH_SIZE: 4,
+        "num_workers": 0,
+    }
+    assert facts({}, batch_size=None).get(schema.BATCH_SIZE) is None  # each item its own batch
+    buckets = Buckets(SequentialSampler(data), 4, drop_last=False)
+    assert facts({}, batch_sampler=buckets).get(schema.BATCH_SIZE) is None
+    known = {schema.BATCH_SIZE: 16, "num_workers": 3}  # the HF Trainer's arguments say them
+    assert facts(known, batch_size=4) == known
+    assert with_loader(known, None) == known  # no DataLoader fed the first step

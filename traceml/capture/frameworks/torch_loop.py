@@ -52,6 +52,7 @@ from .torch_loop_facts import (
     rfdetr_loaded,
     scripted,
     sharded,
+    with_loader,
 )
 from .torch_loop_fetches import Fetches
 from .torch_loop_hooks import LoopHooks
@@ -169,8 +170,9 @@ class LoopCapture:
             return False
         held = self.fetches.for_training()
         origin = held[1] if held is not None else None
+        facts = with_loader(self.facts, self.fetches.training_iterator())
         session.start(
-            device, self.facts, gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
+            device, facts, gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
         )
         session.note("info", schema.EVENT_NOTE, NOTE_H2D)
         return True

@@ -79,3 +79,25 @@ def rank_info() -> dict[str, Any]:
 
 def loop_facts() -> dict[str, Any]:
     return {schema.ACCUMULATE_GRAD_BATCHES: None, schema.BATCH_SIZE: None}
+
+
+def with_loader(facts: dict[str, Any], iterator: Any) -> dict[str, Any]:
+    """``facts`` with what the training DataLoader's iterator says where they say nothing: its
+    workers and, where torch's own ``BatchSampler`` makes its batches, their size (a sampler of
+    the user's may vary it). A hand-written loop names no loader: without these the report had
+    no samples/s and compare no batch-size or workers difference."""
+    merged = dict(facts)
+    try:
+        from torch.utils.data import BatchSampler
+
+        workers = getattr(iterator, "_num_workers", None)
+        if merged.get("num_workers") is None and type(workers) is int:
+            merged["num_workers"] = workers
+        sampler = getattr(iterator, "_index_sampler", None)
+        auto = getattr(iterator, "_auto_collation", False)
+        if merged.get(schema.BATCH_SIZE) is None and auto and type(sampler) is BatchSampler:
+            size = sampler.batch_size
+            merged[schema.BATCH_SIZE] = size if type(size) is int and size > 0 else None
+    except Exception:
+        pass
+    return merged

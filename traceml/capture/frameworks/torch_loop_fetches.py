@@ -131,6 +131,17 @@ class Fetches:
         if evaluated is not None and key in evaluated[0]:
             self._evaluated = None
 
+    def training_iterator(self) -> Any:
+        """The iterator of the first fetch a training forward would take now (the primary
+        training loader's, once it takes them), or None."""
+        if self._held:
+            entries = self._held
+        elif self.for_training() is not None:
+            entries = self._evaluated_entries
+        else:
+            return None
+        return next(iter(entries.values()))[_REF]()
+
     def evaluated(self) -> None:
         """An evaluation forward (no grad, inference mode or eval mode) ran on what is held."""
         if self._held:
