@@ -96,6 +96,19 @@ def test_time_after_the_last_step_is_counted_outside_steps(tmp_path):
     assert "0.01 s between steps, 5.00 s after the last step" in line
 
 
+def test_after_a_step_limit_the_untraced_steps_are_not_called_validation(tmp_path):
+    # --trace-max-steps 5 of 30: the 25 untraced steps read "Outside steps (validation,
+    # checkpoints, epoch ends) ... 80% ... after the last step" (helper review).
+    summary, _text = _run_with_a_tail(tmp_path, tail_s=5.0)
+    summary[schema.SUMMARY_SETUP]["trace_max_steps"] = 20
+    line = " ".join(render_text(summary).split())
+    assert "Outside steps" not in line
+    assert "Between steps (validation, checkpoints, epoch ends): 0.01 s of 2.01 s" in line
+    assert "after the last traced step, 5.00 s: the steps after the step limit, untraced" in line
+    summary[schema.SUMMARY_SETUP]["trace_max_steps"] = 21  # set, not reached
+    assert "Outside steps (validation, checkpoints, epoch ends): 5.01 s" in render_text(summary)
+
+
 def test_most_of_the_time_between_steps_is_a_caveat_the_verdict_does_not_see(tmp_path):
     # Work after optimizer.step() each step (a review: 30 ms a step, 83% of the time) left the
     # verdict and the steps/s of the steps alone, with no word of it; a final validation

@@ -12,6 +12,7 @@ from typing import Any
 from traceml import schema
 from traceml.analysis import resources
 from traceml.analysis.diagnose import label, noise_caveat, outside_caveat
+from traceml.present.outside_steps import outside_steps_text
 from traceml.present.printable import printable
 from traceml.present.report_resources import text_lines as resource_lines
 
@@ -284,7 +285,9 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
             f"Peak device memory: {_bytes(overall.get(schema.PEAK_ALLOCATED))} allocated, "
             f"{_bytes(reserved)} reserved"
         )
-    return _wrap(";  ".join(parts), "  ") + _between_steps_lines(overall) + own_cost_lines(summary)
+    outside = outside_steps_text(summary)
+    lines = _wrap(";  ".join(parts), "  ") + (_wrap(outside, "  ") if outside else [])
+    return lines + own_cost_lines(summary)
 
 
 def own_cost_lines(summary: dict[str, Any]) -> list[str]:
@@ -297,38 +300,6 @@ def own_cost_lines(summary: dict[str, Any]) -> list[str]:
         "time inside its hooks and writes, on the same clock)",
         "  ",
     )
-
-
-def _between_steps_lines(overall: dict[str, Any]) -> list[str]:
-    """Training time outside the steps: between them, and after the last one until training
-    ended (final validation, checkpoints), when the rank files say when that was."""
-    between = overall.get(schema.BETWEEN_STEPS_MS)
-    wall = overall.get(schema.WALL_MS)
-    after = overall.get(schema.AFTER_LAST_STEP_MS)
-    if not wall or between is after is None:
-        return []
-    if between is None:  # several steps, no gap between them measured
-        text = (
-            f"Outside steps: {after / 1000:.2f} s after the last step (validation, checkpoints);"
-            " the time between steps was not measured"
-        )
-    elif after is None:
-        text = (
-            f"Between steps (validation, checkpoints, epoch ends): {between / 1000:.2f} s of "
-            f"{wall / 1000:.2f} s from the first step's start to the last step's end "
-            f"({between / wall * 100:.0f}%); the time after the last step is unknown (the "
-            "rank files give no end time, or their clocks disagree)"
-        )
-    else:
-        total = wall + after
-        outside = between + after
-        text = (
-            f"Outside steps (validation, checkpoints, epoch ends): {outside / 1000:.2f} s of "
-            f"{total / 1000:.2f} s from the first step to the end of training "
-            f"({outside / total * 100:.0f}%): {between / 1000:.2f} s between steps, "
-            f"{after / 1000:.2f} s after the last step"
-        )
-    return _wrap(text, "  ")
 
 
 _RANK_COLUMNS = schema.PHASE_SHORT_LABELS
