@@ -23,6 +23,17 @@ def test_input_wait_60_percent_is_input_bound_critical(tmp_path):
     assert top["evidence"]["share"] == pytest.approx(0.6, abs=0.02)
 
 
+def test_an_input_bound_run_on_the_cpu_is_not_told_to_feed_a_gpu(tmp_path):
+    # A CPU run read "Feed the GPU faster: ... set pin_memory=True" (helper review).
+    synthetic_run(tmp_path, input=60, forward=15, backward=20, optimizer=3, residual=2)
+    summary = reduce_run(tmp_path)
+    for device, gpu_words in (("cpu", False), ("cuda", True)):
+        summary["setup"]["device"] = device
+        top = diagnose(summary)[0]
+        assert top["kind"] == "INPUT_BOUND" and "num_workers (now 0)" in top["next"]
+        assert ("GPU" in top["next"]) is gpu_words and ("pin_memory" in top["next"]) is gpu_words
+
+
 def test_forward_backward_90_percent_is_compute_bound(tmp_path):
     verdicts = verdicts_for(tmp_path, input=2, forward=30, backward=60, optimizer=5, residual=3)
     assert verdicts[0]["kind"] == "COMPUTE_BOUND"

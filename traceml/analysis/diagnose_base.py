@@ -25,6 +25,13 @@ WARN = schema.SEVERITY_WARN
 INFO = schema.SEVERITY_INFO
 SEVERITY_ORDER = {severity: order for order, severity in enumerate(schema.SEVERITIES)}
 
+# A run on the CPU has no GPU to feed and no use for pinned memory; its workers share the
+# training's cores.
+INPUT_NEXT_ON_CPU = (
+    "Feed the training faster: raise DataLoader num_workers{workers} (on a CPU-only run the "
+    "workers share the cores with training), set persistent_workers=True, or make per-sample "
+    "decoding and augmentation cheaper."
+)
 NEXT_STEPS = {
     INPUT_BOUND: (
         "Feed the GPU faster: raise DataLoader num_workers{workers}, set pin_memory=True and "

@@ -11,6 +11,7 @@ from traceml.analysis.diagnose_base import (
     H2D_BOUND,
     INFO,
     INPUT_BOUND,
+    INPUT_NEXT_ON_CPU,
     INSUFFICIENT_DATA,
     NEXT_STEPS,
     NO_CLEAR_BOTTLENECK,
@@ -156,9 +157,13 @@ def _share_verdict(
         return None
     mean, step_mean = view.means[phase], view.means[schema.STEP]
     own = " (its own time, not counting waits on other ranks)" if view.own else ""
-    next_step = NEXT_STEPS[kind].format(workers=_workers_hint(summary))
+    setup = summary.get(schema.SUMMARY_SETUP) or {}
+    text = NEXT_STEPS[kind]
+    if kind == INPUT_BOUND and setup.get("device") == "cpu":
+        text = INPUT_NEXT_ON_CPU
+    next_step = text.format(workers=_workers_hint(summary))
     if kind == RESIDUAL_HEAVY:
-        integration = (summary.get(schema.SUMMARY_SETUP) or {}).get(schema.INTEGRATION)
+        integration = setup.get(schema.INTEGRATION)
         next_step = RESIDUAL_BY_INTEGRATION.get(integration, next_step)
         unmeasured = [words for p, words in UNMEASURED.items() if view.means.get(p) is None]
         next_step = "".join(unmeasured) + next_step
