@@ -78,6 +78,13 @@ def _main(argv: Sequence[str] | None) -> int:
         _split_script_args(args_list) if args_list[:1] == ["run"] else (args_list, [])
     )
     args, unknown = parser.parse_known_args(head)
+    launcher = _launcher_named(args)
+    if launcher:
+        parser.error(
+            f"traceml run starts the script itself, not a {launcher} command line: "
+            "traceml run train.py --args ARGS...; several ranks: traceml run "
+            "--nproc-per-node 2 train.py (it runs torchrun)"
+        )
     if unknown:  # (argparse's own message, with the way out for `run`: a script's options)
         script = getattr(args, "script", None)
         after = head[head.index(script) + 1 :] if script in head else []
@@ -103,6 +110,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.exit_code
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
+
+
+def _launcher_named(args: argparse.Namespace) -> str | None:
+    """``traceml run python train.py`` (or torchrun, accelerate): the first thing a newcomer
+    types, which otherwise met a hint that led to "no such script: python"."""
+    script = getattr(args, "script", None) if args.command == "run" else None
+    if not script or Path(script).is_file():
+        return None
+    name = Path(script).name
+    if name in ("torchrun", "accelerate", "deepspeed") or name.rstrip("0123456789.") == "python":
+        return name
+    return None
 
 
 def _interruptible(args: argparse.Namespace) -> int:

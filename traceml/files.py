@@ -52,3 +52,13 @@ def display_path(path: Path) -> str:
     with contextlib.suppress(ValueError, OSError):
         path = path.resolve().relative_to(Path.cwd().resolve())
     return shlex.quote(str(path))
+
+
+def newest_run(path: Path) -> Path | None:
+    """The most recently changed run directory (one with a ``ranks/`` folder) directly inside
+    ``path``: a logs folder given where a run was meant."""
+    try:
+        runs = [p for p in Path(path).iterdir() if (p / "ranks").is_dir()]
+        return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    except OSError:
+        return None

@@ -100,6 +100,21 @@ def test_script_args_after_args_are_untouched():
     assert tail == ["--html", "-m", "x"]
 
 
+@pytest.mark.parametrize(
+    "line", [["python", "train.py"], ["python3.11", "train.py"], ["torchrun", "train.py"]]
+)
+def test_run_given_a_command_line_says_it_takes_the_script(tmp_path, monkeypatch, capsys, line):
+    # `traceml run python train.py` got a hint whose fix failed next: "no such script: python".
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--nproc-per-node", "2", *line] if line[0] == "torchrun" else ["run", *line])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"starts the script itself, not a {line[0]} command line" in err
+    assert "traceml run train.py --args ARGS..." in err
+
+
 def test_user_errors_map_to_their_exit_code_in_main_only(monkeypatch, capsys):
     from traceml import errors
 

@@ -250,8 +250,23 @@ def test_not_a_rank_file_is_a_clear_error(tmp_path):
 def test_no_rank_files(tmp_path):
     with pytest.raises(ReduceError, match="has no ranks/rank_"):
         reduce_run(tmp_path)
-    with pytest.raises(ReduceError, match="is not a directory"):
+    with pytest.raises(ReduceError, match="nope does not exist"):
         reduce_run(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ReduceError, match="file is not a directory"):
+        reduce_run(tmp_path / "file")
+
+
+def test_the_logs_folder_given_for_a_run_names_its_newest_run(tmp_path, monkeypatch):
+    # `traceml report logs` said only "logs has no ranks/rank_*.jsonl files" (helper review).
+    import os
+
+    for age, name in ((200, "old"), (100, "new")):
+        write_rank(tmp_path / name, 0, [header()])
+        os.utime(tmp_path / name, (1e9 - age, 1e9 - age))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ReduceError, match=r"holds runs; the newest: traceml report new$"):
+        reduce_run(tmp_path.relative_to(tmp_path))
 
 
 def test_large_ranks_use_sketches_with_small_error(tmp_path):

@@ -19,6 +19,7 @@ import orjson
 
 from traceml import schema
 from traceml.errors import ReduceError
+from traceml.files import display_path, newest_run
 from traceml.step_record import STEP_FIELD_OF_KEY, STEP_KEYS, step_field_default
 from traceml.step_rows import row_records
 
@@ -86,6 +87,24 @@ class RankRecords:
 def list_rank_files(run_dir: Path) -> dict[int, Path]:
     """The rank files of ``run_dir`` by rank (regular files with traceml's names only)."""
     return scan_rank_files(run_dir)[0]
+
+
+def run_rank_files(run_dir: Path) -> tuple[dict[int, Path], list[str]]:
+    """:func:`scan_rank_files` of a run directory; :class:`ReduceError` when there is nothing
+    to report on, with the way out where ``run_dir`` is the logs folder."""
+    if not run_dir.is_dir():
+        gone = not run_dir.exists() and not run_dir.is_symlink()
+        raise ReduceError(f"{run_dir} {'does not exist' if gone else 'is not a directory'}")
+    files, skipped = scan_rank_files(run_dir)
+    if not files:
+        newest = newest_run(run_dir)
+        if newest is not None:  # the logs folder, not a run in it
+            raise ReduceError(
+                f"{run_dir} is not a run directory but holds runs; the newest: "
+                f"traceml report {display_path(newest)}"
+            )
+        raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
+    return files, skipped
 
 
 def scan_rank_files(run_dir: Path) -> tuple[dict[int, Path], list[str]]:

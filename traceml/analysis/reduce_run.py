@@ -26,7 +26,7 @@ from traceml.analysis.notes import (
     warmup_note,
 )
 from traceml.analysis.partials import LoadedPartials, load_partials, missing_partials_note
-from traceml.analysis.rankfile import RankRecords, scan_rank_files
+from traceml.analysis.rankfile import RankRecords, run_rank_files
 from traceml.analysis.reduce_rank import (
     STAT_FIELDS,
     add_share_sums,
@@ -58,11 +58,7 @@ def reduce_run(
     cores; memory then holds up to ``jobs`` ranks' steps instead of one).
     """
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReduceError(f"{run_dir} is not a directory")
-    files, skipped = scan_rank_files(run_dir)
-    if not files:
-        raise ReduceError(f"{run_dir} has no {schema.RANKS_DIR}/rank_*.jsonl files to report on")
+    files, skipped = run_rank_files(run_dir)
     limits = resolve_thresholds(thresholds)
     warmup = int(limits["warmup_steps"])
     # Per-node partials stand in for their nodes' rank files; the rest are read here. Parts

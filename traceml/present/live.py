@@ -26,7 +26,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis.diagnose import diagnose
-from traceml.files import display_path
+from traceml.files import display_path, newest_run
 
 # The parts, re-exported: the launcher, the CLI and the tests import the live view from here.
 from traceml.present.live_follow import (  # noqa: F401  # noqa: F401
@@ -232,14 +232,10 @@ def _write_html_summary(path: Path, summary: dict[str, Any], *, refresh: bool) -
 def _not_a_run_dir(path: Path) -> str:
     if not path.exists():
         return f"{path} does not exist"
-    if path.is_dir():
-        runs = sorted(
-            (p for p in path.iterdir() if (p / schema.RANKS_DIR).is_dir()),
-            key=lambda p: p.stat().st_mtime,
+    newest = newest_run(path) if path.is_dir() else None
+    if newest is not None:
+        return (
+            f"{path} is not a run directory but holds runs; the newest: "
+            f"traceml watch {display_path(newest)}"
         )
-        if runs:
-            return (
-                f"{path} is not a run directory but holds runs; the newest: "
-                f"traceml watch {display_path(runs[-1])}"
-            )
     return f"{path} is not a run directory (no {schema.RANKS_DIR}/ folder in it)"
