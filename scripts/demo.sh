@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 TRACEML_SYSTEM_TOOLS=0 bash scripts/env.sh
 out=$(mktemp -d "${TMPDIR:-/tmp}/traceml-demo.XXXXXX")
 trap 'rm -rf "$out"' EXIT
-.venv/bin/traceml run examples/integrations/rfdetr_minimal.py --logs-dir "${TRACEML_DEMO_LOGS_DIR:-logs}" \
+.venv/bin/traceml run examples/integrations/rfdetr_minimal.py --logs-dir "${TRACEML_DEMO_LOGS_DIR:-${TRACEML_LOGS_DIR:-logs}}" \
   --args --demo --output-dir "$out/rfdetr" --epochs 1 --accelerator cpu "$@"

@@ -24,6 +24,8 @@ def _add_run(commands: Any) -> None:
     run = commands.add_parser(
         "run",
         help="run a training script traced, then print the diagnosis",
+        # argparse would list --args, a flag, before the script: the order it must not have.
+        usage="traceml run [options] (SCRIPT | -m MODULE) [--args ARGS...]",
         description=(
             "Run SCRIPT (or -m MODULE) exactly as python would, with tracing on. Everything "
             "after --args goes to the script unchanged. The TRACEML_* variables of a direct "
@@ -203,8 +205,8 @@ def _add_compare(commands: Any) -> None:
         "--noise-floor-from",
         nargs="+",
         metavar="RUN",
-        help="measure the noise floor from identical runs (3 or more) of this machine; alone: "
-        "print it; with A B: use it",
+        help="measure the noise floor from identical runs (2 or more; 3+ recommended) of this "
+        "machine; alone: print it; with A B: use it",
     )
     compare.add_argument(
         "--equivalence-margin",

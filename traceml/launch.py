@@ -25,6 +25,7 @@ from traceml import schema
 from traceml.errors import LaunchError
 from traceml.launch_child import die_like, run_child
 from traceml.settings import (
+    ENV_ENABLE,
     ENV_HTML,
     ENV_LAUNCHER,
     ENV_LOGS_DIR,
@@ -120,7 +121,7 @@ def make_settings(args: argparse.Namespace, thresholds: dict[str, float]) -> Set
     }
     # (TRACEML_REPORT_WAIT_S: a direct launch's; the launcher reports itself, --report-wait)
     replaced = {name for name, option in given.items() if option}
-    replaced.update((ENV_LAUNCHER, ENV_REPORT_WAIT_S))
+    replaced.update((ENV_ENABLE, ENV_LAUNCHER, ENV_REPORT_WAIT_S))  # (the launcher sets TRACEML)
     replaced.update(threshold_variables(thresholds))
     environ = {key: value for key, value in os.environ.items() if key not in replaced}
     try:

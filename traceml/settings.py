@@ -278,6 +278,13 @@ def default_run_name(
     return stamped_run_name(stem, make_launch_stamp(now))
 
 
+def check_enable(environ: Mapping[str, str]) -> None:
+    """Any TRACEML value but an off one starts traceml at interpreter start; one that is no
+    yes/no value (TRACEML=disabled) is named, and the process traces nothing, as for every
+    other yes/no variable (:class:`SettingsError`)."""
+    _parse_bool(ENV_ENABLE, environ.get(ENV_ENABLE, "1"), True)
+
+
 def load_settings(
     environ: Mapping[str, str] | None = None,
     argv: Sequence[str] | None = None,

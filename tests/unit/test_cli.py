@@ -115,6 +115,15 @@ def test_run_given_a_command_line_says_it_takes_the_script(tmp_path, monkeypatch
     assert "traceml run train.py --args ARGS..." in err
 
 
+def test_run_help_shows_the_script_before_its_args(capsys):
+    # argparse listed "[--args] [script]": followed, "one of the arguments script -m is
+    # required" (helper review).
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    usage = capsys.readouterr().out.splitlines()[0]
+    assert usage == "usage: traceml run [options] (SCRIPT | -m MODULE) [--args ARGS...]"
+
+
 def test_user_errors_map_to_their_exit_code_in_main_only(monkeypatch, capsys):
     from traceml import errors
 

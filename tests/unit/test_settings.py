@@ -60,6 +60,19 @@ def test_bad_values_name_the_variable(tmp_path, name, value, fragment):
     assert "\n" not in str(info.value)
 
 
+def test_a_traceml_value_that_is_no_yes_or_no_is_named_where_it_starts_tracing():
+    # Any value but an off one started tracing, silently (helper review).
+    with pytest.raises(s.SettingsError, match="TRACEML='disabled' is not a yes/no value"):
+        s.check_enable({"TRACEML": "disabled"})
+    for value in ("1", "yes", "On", ""):
+        s.check_enable({"TRACEML": value})
+    from traceml.capture.bootstrap import _own_command
+
+    assert _own_command(["python", "/venv/bin/traceml", "run", "t.py"])
+    assert _own_command(["python", "-m", "traceml", "report", "logs/x"])
+    assert not _own_command(["python", "train.py"])
+
+
 @pytest.mark.parametrize(
     ("argv", "stem"),
     [

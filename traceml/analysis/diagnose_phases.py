@@ -52,7 +52,8 @@ def no_data(summary: dict[str, Any]) -> dict[str, Any] | None:
         INSUFFICIENT_DATA,
         WARN,
         "No training step was recorded.",
-        "Run at least a few dozen optimizer steps (check that training started).",
+        "Run at least a few dozen optimizer steps; if training did run, the notes say why no "
+        "step was kept (a process killed before its first write keeps none).",
         1.0,
         steps=0,
     )

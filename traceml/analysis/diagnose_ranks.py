@@ -224,7 +224,8 @@ def comm_bound(summary: dict[str, Any], limits: dict[str, float]) -> dict[str, A
     where = _comm_where(phase_stats)
     volume = ""
     if count is not None and nbytes is not None:
-        volume = f"; {count:.0f} collectives and {nbytes / 2**20:.1f} MiB per step"
+        plural = "" if round(count) == 1 else "s"
+        volume = f"; {count:.0f} collective{plural} and {nbytes / 2**20:.1f} MiB per step"
     clock = "device time" if device else "step time"
     return new_verdict(
         COMM_BOUND,

@@ -75,6 +75,13 @@ def process_role(argv: Sequence[str]) -> str:
     return ROLE_WORKER
 
 
+def _own_command(argv: Sequence[str]) -> bool:
+    """traceml's own command line (``traceml ...``, ``python -m traceml ...``): it never trains."""
+    kind, target = settings_module.interpreter_target(argv)
+    name = os.path.basename(target) if kind == "script" else target
+    return kind in ("script", "module") and name == "traceml"
+
+
 def activate(
     environ: MutableMapping[str, str] | None = None,
     argv: Sequence[str] | None = None,
@@ -95,6 +102,8 @@ def activate(
             if role == ROLE_HELPER:
                 _name_helper_training()
                 return False
+            if not _own_command(args):  # (`traceml run` sets TRACEML for its script)
+                settings_module.check_enable(env)
             settings = settings_module.load_settings(env, args)
             settings_module.pin_run_name(settings, env)
             _state.settings = settings

@@ -322,7 +322,7 @@ class Session:
             self.remove_instruments()
             self._drain()
             note = f"recorded the first {self.settings.trace_max_steps} steps "
-            note += "(TRACEML_TRACE_MAX_STEPS); later steps ran untraced"
+            note += "(--trace-max-steps / TRACEML_TRACE_MAX_STEPS); later steps ran untraced"
             recorder.event("info", schema.EVENT_MAX_STEPS, note)
 
     def _drain(self) -> None:
