@@ -11,7 +11,8 @@ from .torch_loop_facts import rfdetr_loaded
 
 NOTE_H2D = (
     "any-loop capture: the batch's copy to the device is not timed apart (H2D is null); it is "
-    "in Residual, or in Input Wait where the DataLoader moves the batch (Accelerate)"
+    "in Residual, or between steps where the loader moves the batch after fetching it "
+    "(Accelerate's prepared loaders, the HF Trainer's)"
 )
 NOTE_FETCH_THREAD = (
     "the training DataLoader is read in another thread (a background prefetcher): Input Wait "
@@ -85,8 +86,10 @@ def finish_notes(capture: Any) -> None:
         # before the first training forward) is no proof that there is no loader.
         capture.note_once(
             "no-loader",
-            "training batches do not come from a torch DataLoader: Input Wait is not "
-            "measured (null)",
+            "training batches do not come from a torch DataLoader in this process (made by "
+            "hand, or sent from another rank, as Accelerate's DataLoaderDispatcher does for an "
+            "IterableDataset): Input Wait is not measured (null), the wait for a batch is "
+            "between steps, and epochs are not counted",
             level="info",
         )
     if capture.steps and not capture.backward_seen:
