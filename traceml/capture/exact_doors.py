@@ -25,14 +25,21 @@ from traceml.capture.class_doors import parameters
 
 _FORWARD = """
 def _traceml_make(
-    _traceml_call, _traceml_target, _traceml_clock, _traceml_log, _traceml_door, _traceml_inside
+    _traceml_call,
+    _traceml_target,
+    _traceml_clock,
+    _traceml_log,
+    _traceml_door,
+    _traceml_inside,
+    _traceml_compiling,
 ):
     _traceml_depth = 0
 
     def forward({params}):
         nonlocal _traceml_depth
         if (
-            _traceml_depth
+            _traceml_compiling()
+            or _traceml_depth
             or {first} is not _traceml_target.obj()
             or (_traceml_inside is not None and _traceml_inside.depth)
         ):
@@ -71,11 +78,18 @@ def plain_parameters(function: Any) -> tuple[str, ...] | None:
 
 
 def one_door_forward(
-    original: Any, call: Any, target: Any, clock: Any, log: Any, door: str, inside: Any
+    original: Any,
+    call: Any,
+    target: Any,
+    clock: Any,
+    log: Any,
+    door: str,
+    inside: Any,
+    compiling: Any,
 ) -> FunctionType | None:
     """``forward_hooks.wrap_forward_once``'s door for ``original``, with its parameters; None
     where it does not name them plainly."""
-    return _made(_FORWARD, original, call, target, clock, log, door, inside)
+    return _made(_FORWARD, original, call, target, clock, log, door, inside, compiling)
 
 
 def call_before(original: Any, call: Any, target: Any, before: Any) -> FunctionType | None:

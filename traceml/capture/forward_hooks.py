@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traceml.capture import class_doors
+from traceml.capture.compiling import compiler_check
 from traceml.capture.exact_doors import call_before, one_door_forward
 
 # A class that copies itself by any of these may copy its __dict__ as is, the wrapper with it.
@@ -174,10 +175,14 @@ def wrap_forward_once(
     and logs nothing: its log would otherwise grow for as long as they call it. Only for a
     module that :func:`can_wrap_forward`."""
     _traceml_clock, _traceml_log, _traceml_door, _traceml_inside = clock, log, door, inside
+    # Inside a compiled region (a training_step or module compiled after the door went on) the
+    # door calls straight through: its clock is a call the compiler cannot trace (a graph
+    # break, a recompile on its value, and a fullgraph compile raised in the user's fit).
+    _traceml_compiling = compiling = compiler_check()
 
     def make(_traceml_call: Any, _traceml_target: Any) -> Any:
         exact = one_door_forward(
-            _traceml_call, _traceml_call, _traceml_target, clock, log, door, inside
+            _traceml_call, _traceml_call, _traceml_target, clock, log, door, inside, compiling
         )
         if exact is not None:  # the forward's own parameters: nothing packed and passed on
             return exact
@@ -186,7 +191,8 @@ def wrap_forward_once(
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal _traceml_depth
             if (
-                _traceml_depth
+                _traceml_compiling()
+                or _traceml_depth
                 or self is not _traceml_target.obj()
                 or (_traceml_inside is not None and _traceml_inside.depth)
             ):
@@ -204,11 +210,16 @@ def wrap_forward_once(
     undo = class_doors.weak_door_on_class(module, "forward", make)
     if undo is not None:
         return undo
-    return _wrap_forward_once_on_instance(module, clock, log, door, inside)
+    return _wrap_forward_once_on_instance(module, clock, log, door, inside, compiling)
 
 
 def _wrap_forward_once_on_instance(
-    module: Any, clock: Callable[[], int], log: Callable[[Any], Any], door: str, inside: Any
+    module: Any,
+    clock: Callable[[], int],
+    log: Callable[[Any], Any],
+    door: str,
+    inside: Any,
+    compiling: Callable[[], bool],
 ) -> Callable[[], None]:
     """:func:`wrap_forward_once` where the door cannot be on the class."""
     module_ref = weakref.ref(module)
@@ -217,7 +228,7 @@ def _wrap_forward_once_on_instance(
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
         nonlocal depth
-        if depth or (inside is not None and inside.depth):
+        if compiling() or depth or (inside is not None and inside.depth):
             if previous is not None:
                 return previous(*args, **kwargs)
             return function(module_ref(), *args, **kwargs)

@@ -40,7 +40,11 @@ def unsupported_configuration(trainer: Any, pl_module: Any) -> str | None:
     module = forward_module(pl_module)
     # model.compile() in place too: a fullgraph compile would trace the door's clock and raise
     in_place = getattr(module, "_compiled_call_impl", None) is not None
-    if module is not None and (in_place or type(module).__name__ == "OptimizedModule"):
+    # trainer.fit(torch.compile(module)): Lightning compiles its training_step and forward
+    # (pl_module._compiler_ctx), so every door in the step would be inside the compiled graph.
+    fit_compiled = getattr(pl_module, "_compiler_ctx", None) is not None
+    wrapped = module is not None and type(module).__name__ == "OptimizedModule"
+    if fit_compiled or (module is not None and in_place) or wrapped:
         return "torch.compile (and the CUDA graphs it may capture)"
     return None
 

@@ -25,24 +25,16 @@ from typing import Any
 
 from traceml.capture import class_doors
 from traceml.capture.clock import clock_ns
+from traceml.capture.compiling import compiler_check
 from traceml.capture.forward_hooks import add_forward_hooks, wrap_forward
 from traceml.capture.optimizer_hooks import remove_hook
 from traceml.capture.undo import undo_all
-
-
-def _compiler_check() -> Any:
-    try:
-        from torch.compiler import is_compiling
-    except ImportError:  # torch before 2.3: no compiler traces module hooks in place
-        return lambda: False
-    return is_compiling
-
 
 # A module compiled in place (``model.compile(fullgraph=True)``) has torch's compiler trace
 # its whole call, the forward hooks in it: traceml's clock there is a call the compiler cannot
 # trace, and a fullgraph compile raised in the user's loop. The compiler reads this check as
 # True and leaves the hooks out of its graph; run natively, it is False.
-_compiling = _compiler_check()
+_compiling = compiler_check()
 
 
 def _parameter_free(module: Any) -> bool:
