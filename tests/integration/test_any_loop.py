@@ -497,6 +497,87 @@ def test_a_second_train_is_untraced_and_said_once(tmp_path):
     assert [s[schema.GLOBAL_STEP] for s in steps_of(records)] == [1, 2, 3]
 
 
+LOOP_THEN_TRAINER = """
+import os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+net = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in DataLoader(TensorDataset(torch.randn(32, 8), torch.randn(32, 1)), batch_size=8):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    opt.step()
+if os.environ["THEN"] == "fit":
+    import lightning.pytorch as pl
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, idx):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Module()
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    data = DataLoader(TensorDataset(torch.randn(48, 8), torch.randn(48, 1)), batch_size=8)
+    trainer.fit(module, data)
+    print("SECOND", trainer.global_step, module.net.weight.sum().item())
+else:
+    from transformers import BertConfig, BertForSequenceClassification, Trainer
+    from transformers import TrainingArguments
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.arange(8) % 30, "labels": torch.tensor(i % 2)}
+
+    config = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=16)
+    model = BertForSequenceClassification(config)
+    args = TrainingArguments(output_dir="hf_out", per_device_train_batch_size=4,
+                             num_train_epochs=1, report_to="none", use_cpu=True,
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Pairs())
+    trainer.train()
+    print("SECOND", trainer.state.global_step, model.classifier.weight.sum().item())
+print("LOOP", net.weight.sum().item())
+"""
+
+
+@pytest.mark.parametrize("then", ["fit", "hf"])
+def test_a_trainer_after_a_traced_loop_is_the_second_training_and_only_that(tmp_path, then):
+    # A Lightning fit after a loop read as "optimizer.step(closure) ... (L-BFGS)", tracing
+    # disabled, "several optimizers" and "another optimizer stepped twice in a row"; an HF
+    # Trainer's callback joined the loop's open session, unnamed (helper review).
+    script = tmp_path / "then.py"
+    script.write_text(LOOP_THEN_TRAINER)
+    plain = run([PYTHON, script], clean_env(THEN=then, HF_HUB_OFFLINE="1"), tmp_path)
+    env = traced_env(tmp_path / "logs", "then", THEN=then, HF_HUB_OFFLINE="1")
+    traced = run([PYTHON, script], env, tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
+    outcome = [line for line in traced.stdout.splitlines() if line.startswith(("SECOND", "LOOP"))]
+    assert outcome == [
+        line for line in plain.stdout.splitlines() if line.startswith(("SECOND", "LOOP"))
+    ]
+    assert warning_lines(traced.stderr) == [
+        "traceml: a second training in this process is not traced (one run per process)"
+    ]
+    records = rank_records(tmp_path / "logs" / "then")
+    assert records[-1]["status"] == schema.STATUS_COMPLETED
+    assert len(steps_of(records)) == 4  # the loop's, and only those
+    notes = [r["message"] for r in records if r["kind"] == "event"]
+    assert not [n for n in notes if "optimizer" in n], notes
+
+
 def test_a_ddp_loop_names_the_straggler_and_its_phase(tmp_path):
     env = traced_env(
         tmp_path / "logs",

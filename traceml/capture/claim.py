@@ -35,9 +35,19 @@ def claim(owner: Any) -> bool:
                 console.warn(
                     "a second training in this process is not traced (one run per process)"
                 )
-            return False
-        _owner = weakref.ref(owner)
-        stand_by = list(_stand_by)
+            refused = True
+        else:
+            refused = False
+            _owner = weakref.ref(owner)
+            stand_by = list(_stand_by)
+    if refused:
+        # A loop's training is over once another begins (a fit after a hand-written loop):
+        # its hooks would read the other's steps as its own (Lightning's step(closure) as
+        # L-BFGS, its optimizer as a second one).
+        ended = getattr(current, "another_training", None)
+        if current is not None and callable(ended):
+            ended()
+        return False
     for stand_down in stand_by:
         if getattr(stand_down, "__self__", None) is not owner:
             stand_down()

@@ -70,9 +70,12 @@ def before_train(trainer: Any) -> Any | None:
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, StepEvents):
             return callback
-    if capture.session is not None and capture.session.life.state in FINAL:
-        # The traced training is over (a second train(), of this trainer or another): a
-        # second training, refused with the one warning, as any other (claim).
+    session = capture.session
+    looped = capture.steps and capture.integration != "hf_trainer"  # a loop's steps before
+    if session is not None and (session.life.state in FINAL or looped):
+        # The traced training is over (a second train(), of this trainer or another; a
+        # hand-written loop's, which claim ends): a second training, refused with the one
+        # warning, as any other (claim).
         claim.claim(trainer)
         return None
     if capture.session is None:

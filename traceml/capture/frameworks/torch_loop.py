@@ -16,17 +16,15 @@ same torch calls; this adapter drives a :class:`~traceml.capture.session.Session
 A step runs from the first fetch of its first microbatch to the end of its optimizer step;
 several forward/backward passes before one optimizer step are microbatches of one step
 (gradient accumulation). Evaluation (no grad, inference mode or eval mode) is not a forward:
-it lies between steps, in the next step's gap. What is not separated: the batch's copy to the
-device (H2D) is inside Residual, or inside Input Wait where the DataLoader moves it (Accelerate's
-prepared loaders do); the rank file says so.
+it lies between steps, in the next step's gap. The batch's copy to the device (H2D) is not
+timed apart: it is in Residual, or between steps after an Accelerate loader's fetch (a note).
 
 The root modules are found cheaply: a global forward pre/post hook (every module call) only
-until the first optimizer step, then hooks on the roots alone (``torch_loop_hooks``). The session
-opens at the first training forward; not where RF-DETR is loaded (it trains through
+until the first optimizer step, then hooks on the roots alone (``torch_loop_hooks``). The
+session opens at the first training forward; not where RF-DETR is loaded (it trains through
 Lightning). Where Lightning is, a training forward may be a probe before a fit, whose claim
-makes this capture stand down (Lightning's callback is more precise): the session opens at the
-first training forward after an optimizer step no fit claimed (a loop that only imports
-Lightning, its ``seed_everything`` or Fabric), its first step unrecorded.
+makes this capture stand down: the session opens at the first training forward after an
+optimizer step no fit claimed (a loop that only imports Lightning), its first step unrecorded.
 """
 
 from __future__ import annotations
@@ -59,6 +57,7 @@ from .torch_loop_hooks import LoopHooks
 from .torch_loop_input import microbatch_fed
 from .torch_loop_notes import (
     NOTE_H2D,
+    ended_by_another,
     eval_mode_step,
     finish_notes,
     refuse,
@@ -110,6 +109,8 @@ class LoopCapture:
         self.session = None
         self.hooks.remove()
         name_forked_training()
+
+    another_training = ended_by_another  # (claim: a framework's training began after this)
 
     def stand_down(self) -> None:
         """Another adapter traces this process (Lightning): take every hook away."""
@@ -171,9 +172,8 @@ class LoopCapture:
         held = self.fetches.for_training()
         origin = held[1] if held is not None else None
         facts = with_loader(self.facts, self.fetches.training_iterator())
-        session.start(
-            device, facts, gpu=device_timer_for(device), ddp_model=module, origin_ns=origin
-        )
+        gpu = device_timer_for(device)
+        session.start(device, facts, gpu=gpu, ddp_model=module, origin_ns=origin)
         session.note("info", schema.EVENT_NOTE, NOTE_H2D)
         return True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceml.capture.lifecycle import DISABLED, UNSUPPORTED
+from traceml.capture.lifecycle import DISABLED, TRACING, UNSUPPORTED
 
 from .torch_loop_facts import rfdetr_loaded
 
@@ -109,3 +109,16 @@ def finish_notes(capture: Any) -> None:
             "an optimizer outside torch.optim, or a step compiled into one graph): steps "
             "could not be delimited, so none are reported",
         )
+
+
+def ended_by_another(capture: Any) -> None:
+    """``LoopCapture.another_training``: a framework's training began after this loop's (a
+    Lightning fit, an HF Trainer; ``claim`` refused it with the second-training warning). The
+    loop's training is over: its hooks come off, or they would read the other's steps as the
+    loop's (Lightning's ``optimizer.step(closure)`` as L-BFGS, its optimizer as a second one),
+    and what it recorded is written as a finished training's."""
+    session = capture.session
+    if session is not None and session.life.state is TRACING:
+        capture.abandon_step()  # (a forward after the last step: the other training's)
+        session.train_ended(capture.epoch)
+    capture.stand_down()
