@@ -20,12 +20,15 @@ _owner: weakref.ref | None = None
 _done = False  # the owner's training ended: the same owner's next one is a second training
 _warned_second = False
 _stand_by: list[Callable[[], None]] = []
+_forked_child = False  # a child forked from a process that traced nothing (forked_child)
 
 
 def claim(owner: Any) -> bool:
     """Claim tracing for ``owner`` (a trainer, a loop capture); False when another has it."""
     global _owner, _warned_second
     with _lock:
+        if _forked_child and _owner is None:
+            return False  # (named at its first step: untraced_children)
         current = _owner() if _owner is not None else None
         # The first owner freed (a script that drops its trainer after the fit) still had the
         # process's one traced training: a later one stays untraced.
@@ -64,6 +67,15 @@ def finished(owner: Any) -> None:
             _done = True
 
 
+def forked_child() -> None:
+    """This process was forked from one that traced nothing (``multiprocessing.Process``, a
+    pool): no training here is traced, as traceml cannot tell it from a DataLoader worker; the
+    first optimizer step says so. A Lightning fit there was traced into a rank file that no
+    report ever read (a multiprocessing child leaves by ``os._exit``: no exit handler)."""
+    global _forked_child
+    _forked_child = True
+
+
 def owner() -> Any | None:
     return _owner() if _owner is not None else None
 
@@ -81,8 +93,9 @@ def unregister_stand_by(stand_down: Callable[[], None]) -> None:
 
 
 def reset_for_tests() -> None:
-    global _owner, _warned_second, _done
+    global _owner, _warned_second, _done, _forked_child
     with _lock:
+        _forked_child = False
         _owner = None
         _warned_second = False
         _done = False

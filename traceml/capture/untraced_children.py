@@ -31,7 +31,10 @@ STARTED_TRAINING = (
 def name_forked_training() -> None:
     """In a forked child of a traced process (where the capture stood down, as a DataLoader
     worker must): an optimizer step outside any DataLoader worker is a training the child
-    runs untraced."""
+    runs untraced; no fit claims it either (claim.forked_child)."""
+    from traceml.capture import claim
+
+    claim.forked_child()
     _name_first_step(forked=True)
 
 
