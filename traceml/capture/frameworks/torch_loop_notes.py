@@ -25,9 +25,10 @@ NOTE_FETCH_STOPPED = (
 )
 UNFED = (
     "{count} optimizer steps after the first traced one were fed by no forward traceml times "
-    "(a side optimization after training, such as a temperature fitted on saved logits; or a "
+    "(a side optimization after training, such as a temperature fitted on saved logits; a "
     "new model trained after the first one, whose forwards traceml does not find after the "
-    "first step): they are not traced"
+    "first step; or the model compiled with torch.compile after the first step, whose "
+    "compiled forward traceml does not time): they are not traced"
 )
 NOTE_EVAL_FORWARD = (
     "optimizer steps came after a backward with no training forward seen (the model left in "
