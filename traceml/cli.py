@@ -116,9 +116,9 @@ def _launcher_named(args: argparse.Namespace) -> str | None:
     """``traceml run python train.py`` (or torchrun, accelerate): the first thing a newcomer
     types, which otherwise met a hint that led to "no such script: python"."""
     script = getattr(args, "script", None) if args.command == "run" else None
-    if not script or Path(script).is_file():
+    name = Path(script).name if script else ""
+    if not name or name.endswith(".py"):  # (an interpreter's path is a file too)
         return None
-    name = Path(script).name
     if name in ("torchrun", "accelerate", "deepspeed") or name.rstrip("0123456789.") == "python":
         return name
     return None

@@ -2,6 +2,8 @@
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,7 +103,13 @@ def test_script_args_after_args_are_untouched():
 
 
 @pytest.mark.parametrize(
-    "line", [["python", "train.py"], ["python3.11", "train.py"], ["torchrun", "train.py"]]
+    "line",
+    [
+        ["python", "train.py"],
+        ["python3.11", "train.py"],
+        ["torchrun", "train.py"],
+        [sys.executable, "train.py"],  # a path to the interpreter is a file (review)
+    ],
 )
 def test_run_given_a_command_line_says_it_takes_the_script(tmp_path, monkeypatch, capsys, line):
     # `traceml run python train.py` got a hint whose fix failed next: "no such script: python".
@@ -111,7 +119,7 @@ def test_run_given_a_command_line_says_it_takes_the_script(tmp_path, monkeypatch
         main(["run", "--nproc-per-node", "2", *line] if line[0] == "torchrun" else ["run", *line])
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert f"starts the script itself, not a {line[0]} command line" in err
+    assert f"starts the script itself, not a {Path(line[0]).name} command line" in err
     assert "traceml run train.py --args ARGS..." in err
 
 

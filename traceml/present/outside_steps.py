@@ -28,8 +28,8 @@ def outside_steps_text(summary: dict[str, Any]) -> str | None:
         text = f"Between steps (validation, checkpoints, epoch ends): {measured}"
         if after is not None:
             text += (
-                f"; after the last traced step, {after / 1000:.2f} s: the steps after the step "
-                "limit, untraced, and whatever followed them"
+                f"; after the last traced step, {after / 1000:.2f} s: the steps run after the "
+                "step limit, if any (untraced), and whatever followed them"
             )
     elif between is None:  # several steps, no gap between them measured
         text = (
