@@ -9,6 +9,8 @@ import secrets
 import shlex
 from pathlib import Path
 
+from traceml import schema
+
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Write ``path`` whole: a reader sees the old file or the new one, never half of one.
@@ -58,7 +60,7 @@ def newest_run(path: Path) -> Path | None:
     """The most recently changed run directory (one with a ``ranks/`` folder) directly inside
     ``path``: a logs folder given where a run was meant."""
     try:
-        runs = [p for p in Path(path).iterdir() if (p / "ranks").is_dir()]
+        runs = [p for p in Path(path).iterdir() if (p / schema.RANKS_DIR).is_dir()]
         return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
     except OSError:
         return None

@@ -47,8 +47,8 @@ def claim(owner: Any) -> bool:
         # A loop's training is over once another begins (a fit after a hand-written loop):
         # its hooks would read the other's steps as its own (Lightning's step(closure) as
         # L-BFGS, its optimizer as a second one).
-        ended = getattr(current, "another_training", None)
-        if current is not None and callable(ended):
+        ended = getattr(current, "another_training", None)  # (a trainer has none)
+        if ended is not None:
             ended()
         return False
     for stand_down in stand_by:

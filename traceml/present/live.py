@@ -232,7 +232,7 @@ def _write_html_summary(path: Path, summary: dict[str, Any], *, refresh: bool) -
 def _not_a_run_dir(path: Path) -> str:
     if not path.exists():
         return f"{path} does not exist"
-    newest = newest_run(path) if path.is_dir() else None
+    newest = newest_run(path)  # (None for a file)
     if newest is not None:
         return (
             f"{path} is not a run directory but holds runs; the newest: "

@@ -43,8 +43,8 @@ def unsupported_configuration(trainer: Any, pl_module: Any) -> str | None:
     # trainer.fit(torch.compile(module)): Lightning compiles its training_step and forward
     # (pl_module._compiler_ctx), so every door in the step would be inside the compiled graph.
     fit_compiled = getattr(pl_module, "_compiler_ctx", None) is not None
-    wrapped = module is not None and type(module).__name__ == "OptimizedModule"
-    if fit_compiled or (module is not None and in_place) or wrapped:
+    wrapped = type(module).__name__ == "OptimizedModule"
+    if fit_compiled or in_place or wrapped:
         return "torch.compile (and the CUDA graphs it may capture)"
     return None
 

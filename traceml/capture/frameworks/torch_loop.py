@@ -171,7 +171,7 @@ class LoopCapture:
             return False
         held = self.fetches.for_training()
         origin = held[1] if held is not None else None
-        facts = with_loader(self.facts, self.fetches.training_iterator())
+        facts = with_loader(self.facts, self.fetches.iterator_of(held))
         gpu = device_timer_for(device)
         session.start(device, facts, gpu=gpu, ddp_model=module, origin_ns=origin)
         session.note("info", schema.EVENT_NOTE, NOTE_H2D)

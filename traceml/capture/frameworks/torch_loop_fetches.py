@@ -131,16 +131,14 @@ class Fetches:
         if evaluated is not None and key in evaluated[0]:
             self._evaluated = None
 
-    def training_iterator(self) -> Any:
-        """The iterator of the first fetch a training forward would take now (the primary
-        training loader's, once it takes them), or None."""
-        if self._held:
-            entries = self._held
-        elif self.for_training() is not None:
-            entries = self._evaluated_entries
-        else:
+    def iterator_of(self, held: Held | None) -> Any:
+        """The iterator of ``held``'s first fetch (what :meth:`for_training` returned: the
+        primary training loader's, once a forward takes them), or None."""
+        if held is None:
             return None
-        return next(iter(entries.values()))[_REF]()
+        first = held[0][0]
+        entry = self._held.get(first) or self._evaluated_entries.get(first)
+        return entry[_REF]() if entry is not None else None
 
     def evaluated(self) -> None:
         """An evaluation forward (no grad, inference mode or eval mode) ran on what is held."""
