@@ -352,7 +352,10 @@ def test_a_compiled_model_is_not_compiled_again_for_traceml(tmp_path, how):
     assert traced.returncode == plain.returncode == 0, traced.stderr[-3000:]
     assert traced.stdout == plain.stdout
     assert plain.stdout.startswith("graphs 1\n")  # (loss: and no global hook left, review)
-    if how == "wrapper":  # traced, every step
+    if how == "in_place":  # its forwards are not seen: named, and not traced
+        warnings = warning_lines(traced.stderr)
+        assert len(warnings) == 1 and "model.compile()" in warnings[0], warnings
+    else:  # traced, every step
         assert len(steps_of(rank_records(tmp_path / "logs" / how))) == 8
 
 
@@ -624,6 +627,10 @@ def test_a_ddp_users_comm_hook_after_tracing_stopped_goes_in_as_untraced(tmp_pat
     assert untraced.count("LOOP_REGISTER ok") == 2
     assert len(untraced) == 4
     assert traced == untraced
+    for rank in (0, 1):  # traced up to the limit, the hook registered after it
+        records = rank_records(tmp_path / "logs" / "ddphook", rank)
+        assert len(steps_of(records)) == 2
+        assert any(r.get("code") == schema.EVENT_MAX_STEPS for r in records), records
 
 
 def test_a_direct_torchrun_launch_reports_when_a_later_rank_crashes(tmp_path):
@@ -821,7 +828,11 @@ def test_a_compiled_optimizer_step_is_split_as_untraced(tmp_path):
     # The compiler traced into traceml's optimizer step hooks (its clock, its bookkeeping)
     # and broke the user's compiled step in more places than untraced (3 graph breaks, not 2).
     # The hooks now stay out of a compiled step, which is then not delimited (no steps).
-    warnings_of_a_loop_run_as_untraced(tmp_path, "optstep", COMPILED_OPTIMIZER_STEP)
+    assert warnings_of_a_loop_run_as_untraced(tmp_path, "optstep", COMPILED_OPTIMIZER_STEP) == []
+    records = rank_records(tmp_path / "logs" / "optstep")  # traced: forwards seen, no step
+    assert records[-1]["status"] == schema.STATUS_COMPLETED and not steps_of(records)
+    notes = [r["message"] for r in records if r["kind"] == "event"]
+    assert any("a step compiled into one graph" in note for note in notes), notes
 
 
 COMPILED_BACKWARD_STEP = """

@@ -431,6 +431,8 @@ def test_a_network_compiled_in_place_is_named_and_trains_as_untraced(tmp_path, h
         "supported; training runs natively"
     ]
     assert warning_lines(result.stderr) == (named if how != "train_start" else [])
+    if how == "train_start":  # traced, the compiled forward through its door untimed
+        assert len(steps_of(rank_records(tmp_path / "compiled"))) == 4
 
 
 FAKE_CUDA = """

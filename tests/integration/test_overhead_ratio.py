@@ -30,7 +30,9 @@ from __future__ import annotations
 import statistics
 import sys
 
-from procs import FIGURES, PYTHON, ROOT, TINY, clean_env, run
+from traceml import schema
+
+from procs import FIGURES, PYTHON, ROOT, TINY, clean_env, rank_records, run, steps_of
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # side_by_side's own imports (_common)
 try:
@@ -90,6 +92,16 @@ def measure(tmp_path, runs: dict[bool, list[float]], pairs: int, together: bool)
         else:
             for traced in [False, True] if index % 2 == 0 else [True, False]:
                 runs[traced].append(one_after_the_other(tmp_path, traced, index))
+        traced_every_step(tmp_path, index)
+
+
+def traced_every_step(tmp_path, index: int) -> None:
+    """The traced run traced its every batch to a completed footer: a traced run that stopped
+    tracing (a failure turns it off, one warning) would read as no cost at all."""
+    records = rank_records(tmp_path / "logs" / f"run{index}")
+    assert records[-1]["kind"] == "footer", records[-1]
+    assert records[-1]["status"] == schema.STATUS_COMPLETED, records[-1]
+    assert len(steps_of(records)) == BATCHES
 
 
 def ratios(runs: dict[bool, list[float]]) -> tuple[float, float]:

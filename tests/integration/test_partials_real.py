@@ -12,8 +12,10 @@ import orjson
 import pytest
 
 from traceml import schema
-from traceml.analysis.partials import reduce_node
+from traceml.analysis.partials import load_partials, reduce_node
+from traceml.analysis.rankfile import run_rank_files
 from traceml.analysis.reduce import reduce_run
+from traceml.thresholds import resolve_thresholds
 
 from procs import PYTHON, clean_env, run
 
@@ -51,6 +53,8 @@ def test_merged_partials_equal_the_single_pass_on_a_real_run(real_run, tmp_path,
     merged_dir = relabelled(real_run, tmp_path / "merged", layout)
     for node in sorted(set(layout.values())):
         assert reduce_node(merged_dir, node, WARMUP) is not None
+    files, _ = run_rank_files(merged_dir)
+    assert load_partials(merged_dir, files, WARMUP).covered == {0, 1}  # no rank file read
     merged = summary_of(merged_dir)
     assert merged == single
     assert merged[schema.SUMMARY_STEPS_RECORDED] >= 2 * 30
@@ -67,6 +71,9 @@ def test_the_commands_merge_partials_into_the_same_report(real_run, tmp_path):
             tmp_path,
         )
         assert made.returncode == 0, made.stderr
+    files, _ = run_rank_files(merged_dir)
+    warmup = int(resolve_thresholds(None)["warmup_steps"])  # the commands' default
+    assert load_partials(merged_dir, files, warmup).covered == {0, 1}  # what report reads
     reports = {}
     for name, run_dir in (("single", single_dir), ("merged", merged_dir)):
         report = run([PYTHON, "-m", "traceml", "report", run_dir], clean_env(), tmp_path)

@@ -22,7 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from procs import PYTHON, SCRIPTS, clean_env, run, torchrun_2, traced_env
+from traceml import schema
+
+from procs import (
+    PYTHON,
+    SCRIPTS,
+    clean_env,
+    rank_records,
+    run,
+    steps_of,
+    torchrun_2,
+    traced_env,
+    warning_lines,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHTNING = SCRIPTS / "transparency_lightning.py"
@@ -219,6 +231,8 @@ class Runs:
             if line.startswith("TR_OUTCOME "):
                 merged.update(json.loads(line[len("TR_OUTCOME ") :]))
         assert merged, (group, mode, result.stdout[-2000:], result.stderr[-2000:])
+        if mode == "traced":  # else a run that traced nothing would compare equal
+            traced_for_real(group, work / "logs" / "run", result.stderr)
         merged["_diagnostics"] = [
             line for line in result.stdout.splitlines() if line.startswith("TR_TRACEML_IN")
         ]
@@ -229,6 +243,21 @@ class Runs:
             "shm": sorted(shm_files() - before),
             "tmp": sorted({stable_name(p.name) for p in tmp.iterdir()}),
         }
+
+
+def traced_for_real(group: str, run_dir: Path, stderr: str) -> None:
+    """The traced run traced: each rank's file ends with the footer its group expects (a GAN's
+    two optimizers are named unsupported) after its steps, and no warning said tracing
+    stopped. (A traced run that traced nothing, or stopped at its first step, would otherwise
+    read as invisible.)"""
+    assert "tracing disabled" not in stderr, (group, warning_lines(stderr))
+    expected = schema.STATUS_UNSUPPORTED if group == "gan" else schema.STATUS_COMPLETED
+    for rank in range(2 if group == "ddp" else 1):
+        records = rank_records(run_dir, rank)
+        assert records and records[-1]["kind"] == "footer", (group, rank, records[-1:])
+        assert records[-1]["status"] == expected, (group, rank, records[-1])
+        if expected == schema.STATUS_COMPLETED:
+            assert steps_of(records), (group, rank)
 
 
 @pytest.fixture(scope="module")
