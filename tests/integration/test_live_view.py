@@ -15,7 +15,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from procs import PYTHON, TINY, clean_env, run, traceml
+from traceml import schema
+
+from procs import PYTHON, TINY, clean_env, only_run_dir, rank_records, run, steps_of, traceml
 from rankfiles import footer, header, step
 
 # Generous bounds on waiting, never assertions about how long anything took.
@@ -95,6 +97,8 @@ def test_no_live_prints_no_live_lines(tmp_path, tiny):
     )
     assert result.returncode == 0, result.stderr
     assert "live view off" in result.stderr and live_lines(result.stderr) == []
+    records = rank_records(only_run_dir(tmp_path / "logs"))  # traced, with no live line
+    assert records[-1]["status"] == schema.STATUS_COMPLETED and len(steps_of(records)) == 14
 
 
 def in_script_pty(command: list, tmp_path: Path, env: dict[str, str], size: str | None) -> str:

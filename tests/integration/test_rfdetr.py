@@ -87,6 +87,7 @@ def test_evaluation_only_script_creates_no_rank_file(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RFD_DONE evaluated=True" in result.stdout
     assert not (tmp_path / "logs").exists()
+    assert "RFD_TRAINER_WRAPPED True" in result.stdout  # traced: the trainer seen, left alone
 
 
 def test_import_alone_changes_nothing_and_the_wrapper_looks_like_the_original(tmp_path):

@@ -52,6 +52,9 @@ def main() -> int:
         return 0
     metrics = model.evaluate(split="val", **common)
     print(f"RFD_DONE evaluated={bool(metrics)}")
+    from rfdetr import training  # traced: traceml's wrapper armed, for a test to prove it
+
+    print(f"RFD_TRAINER_WRAPPED {hasattr(training.build_trainer, '__wrapped__')}")
     return 0
 
 
