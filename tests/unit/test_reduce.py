@@ -345,3 +345,13 @@ def test_untimed_ddp_buckets_leave_the_backward_wait_unknown(tmp_path):
     assert rank_1[schema.PHASE_STATS][schema.OWN_MS]["median"] > 30.0
     top = diagnose(summary)[0]
     assert top["kind"] == "STRAGGLER" and "Rank 1" in top["why"], top
+
+
+def test_the_different_runs_note_names_the_odd_rank_among_many(tmp_path):
+    # Listed rank by rank, the first eight of 16 identical ranks hid the one odd rank 12.
+    for rank in range(16):
+        run = "odd" if rank == 12 else "main"
+        write_rank(tmp_path, rank, [header(rank, 16, run=run), step(0, forward=5), footer(1)])
+    notes = [n for n in reduce_run(tmp_path)["notes"] if "different runs" in n]
+    assert len(notes) == 1
+    assert "ranks 0-11, 13-15: run 'main', world size 16; rank 12: run 'odd'" in notes[0], notes

@@ -196,10 +196,17 @@ def mixed_runs_note(headers: dict[int, dict[str, Any]]) -> str | None:
     if len(set(named.values())) <= 1:
         return None
     jobs = len({job for _run, _world, job in named.values()}) > 1
+    # Grouped by what they name, the largest group first: listed rank by rank, the first eight
+    # of 16 identical ranks hid the one odd rank 12 (helper review).
+    groups: dict[tuple[Any, Any, Any], list[int]] = {}
+    for rank, key in sorted(named.items()):
+        groups.setdefault(key, []).append(rank)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
     listing = "; ".join(
-        f"rank {rank}: run {run!r}, world size {world}" + (f", launch {job!r}" if jobs else "")
-        for rank, (run, world, job) in sorted(named.items())[:8]
-    )
+        f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}: run {run!r}, world size "
+        f"{world}" + (f", launch {job!r}" if jobs else "")
+        for (run, world, job), ranks in ordered[:8]
+    ) + (f"; {len(ordered) - 8} more" if len(ordered) > 8 else "")
     return (
         f"the rank files come from different runs ({listing}): these figures mix them; give "
         "each run its own directory"
