@@ -213,3 +213,35 @@ def test_allocator_counters_not_sampled_are_not_shown_as_zero(tmp_path):
     assert line.endswith("allocator retries and OOMs not measured"), line
     line = _cuda_run(tmp_path / "zero", **{schema.ALLOC_RETRIES: 0, schema.DEVICE_OOMS: 0})
     assert line.endswith(", 0 allocator retries, 0 OOMs"), line
+
+
+def test_a_run_of_many_ranks_lists_the_ranks_worth_reading(tmp_path):
+    # 256 ranks printed a 563-line report, 4,096 ranks 8,241 lines (helper review).
+    synthetic_run(
+        tmp_path, ranks=40, steps=30, forward=30, backward=30, per_rank={23: {"forward": 90}}
+    )
+    crashed = tmp_path / schema.RANKS_DIR / schema.rank_file_name(31)
+    crashed.write_bytes(b"".join(crashed.read_bytes().splitlines(keepends=True)[:-1]))  # no footer
+    summary, _ = summarise(tmp_path, write=False)
+    text = render_text(summary)
+    table = text.split("Per rank (median ms per step)\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    rows = [line for line in table[1:] if re.match(r"^  \d+ ", line)]
+    assert len(rows) == 13  # the 8 slowest, the 4 fastest, the one that did not complete
+    assert [int(r.split()[0]) for r in rows] == sorted(int(r.split()[0]) for r in rows)
+    assert any(r.split()[0] == "23" and r.endswith("(slowest)") for r in rows), rows
+    assert any(r.split()[0] == "31" and "no footer" in r for r in rows), rows
+    assert table[-1].startswith("  ... 27 more ranks not listed"), table
+    assert len(summary["ranks"]) == 40  # the summary keeps every rank
+
+
+def test_few_ranks_are_all_listed():
+    from traceml.present.rank_rows import RANK_ROWS, rows_worth_reading
+
+    entries = list(range(RANK_ROWS))
+    assert rows_worth_reading(entries, float) == (entries, 0)
+    many = list(range(3 * RANK_ROWS))
+    shown, left = rows_worth_reading(
+        many, lambda e: None if e == 5 else -abs(e - 20), lambda e: e == 5
+    )
+    assert 5 in shown and 20 in shown and left == len(many) - len(shown)
+    assert len(shown) <= RANK_ROWS

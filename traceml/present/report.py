@@ -14,6 +14,7 @@ from traceml.analysis import resources
 from traceml.analysis.diagnose import label, noise_caveat, outside_caveat
 from traceml.present.outside_steps import outside_steps_text
 from traceml.present.printable import printable
+from traceml.present.rank_rows import left_out_line, rows_worth_reading
 from traceml.present.report_resources import text_lines as resource_lines
 
 WIDTH = 100
@@ -326,7 +327,13 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
     lines.append(head)
     imbalance = summary.get(schema.SUMMARY_IMBALANCE) or {}
     slowest = imbalance.get(schema.SLOWEST_RANK)
-    for entry in entries:
+    by = schema.OWN_MS if with_comm else schema.STEP
+    shown, left = rows_worth_reading(
+        entries,
+        lambda e: ((e.get(schema.PHASE_STATS) or {}).get(by) or {}).get("median"),
+        lambda e: e.get(schema.STATUS) != schema.STATUS_COMPLETED,
+    )
+    for entry in shown:
         stats = entry.get(schema.PHASE_STATS) or {}
         node = entry.get(schema.NODE_RANK)
         row = f"  {entry[schema.RANK]:<5}"
@@ -342,6 +349,8 @@ def _rank_lines(summary: dict[str, Any]) -> list[str]:
         if slowest == entry[schema.RANK] and len(entries) > 1:
             status += " (slowest)"
         lines.append(f"{row}  {status}")
+    if left:
+        lines.append(left_out_line(left, "longest " + ("own time" if with_comm else "step")))
     missing = summary.get(schema.SUMMARY_RANKS_MISSING) or []
     for rank in missing[:MISSING_ROWS]:
         lines.append(f"  {rank:<5}" + (f"{'-':<5}" if show_node else "") + f"{'-':>6}  missing")

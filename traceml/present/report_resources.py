@@ -9,6 +9,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis import resources
+from traceml.present.rank_rows import left_out_line, rows_worth_reading
 
 _TREND_SHORT = {"rss": "RSS", "device_allocated": "dev"}
 _CPU_COLORS = {"process": "#1f77b4", "workers": "#ff7f0e", "system": "#7f7f7f"}
@@ -68,6 +69,12 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
         f"  {'Rank':<5}{'Peak mem':>10}{'Trend':>16}{'Proc CPU':>10}{'Workers':>9}"
         f"{'Host CPU':>10}{'Host free':>11}{'Dev busy':>10}",
     ]
+    every_row = rows
+    rows, left = rows_worth_reading(
+        every_row,
+        lambda row: row[0].get(schema.PEAK_RESERVED) or row[0].get(schema.PEAK_RSS),
+        lambda row: row[0].get(schema.STATUS) != schema.STATUS_COMPLETED,
+    )
     for entry, telemetry in rows:
         peak = entry.get(schema.PEAK_RESERVED) or entry.get(schema.PEAK_RSS)
         cpu = telemetry.get(schema.HOST_CPU) or {}
@@ -79,6 +86,8 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
             f"{_pct(cpu.get('system_pct_mean')):>10}{_gib(memory.get('available_min_bytes')):>11}"
             f"{_pct(None if busy is None else busy * 100):>10}"
         )
+    if left:
+        lines.append(left_out_line(left, "most peak memory"))
     imbalance = (summary.get(schema.SUMMARY_IMBALANCE) or {}).get(schema.MEMORY_IMBALANCE)
     ratio = (imbalance or {}).get("max_over_median")
     if ratio is not None and ratio >= MEMORY_IMBALANCE_SHOWN:
@@ -86,6 +95,19 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
             f"  Memory imbalance: rank {imbalance['rank']} holds "
             f"{imbalance['max_over_median']:.2f}x the ranks' median"
         )
+    lines.extend(_device_lines(rows))
+    costs = [t.get("sampler_cpu_pct") for _, t in every_row if t.get("sampler_cpu_pct") is not None]
+    if costs:
+        lines.append(f"  traceml's sampler used {max(costs):.2f}% of one core (at most, per rank)")
+    lines.append(
+        "  ~: not sustained (noise, or not in both halves of the run); dev: allocated device memory"
+    )
+    return lines
+
+
+def _device_lines(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """Each listed rank's device memory and NVML lines."""
+    lines: list[str] = []
     for entry, telemetry in rows:
         device = telemetry.get(schema.DEVICE_MEMORY)
         if device:
@@ -108,12 +130,6 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
                 f"  Rank {entry.get(schema.RANK)} NVML: GPU utilization "
                 f"{nvml['gpu_util_pct_mean']:.0f}% mean{extra}"
             )
-    costs = [t.get("sampler_cpu_pct") for _, t in rows if t.get("sampler_cpu_pct") is not None]
-    if costs:
-        lines.append(f"  traceml's sampler used {max(costs):.2f}% of one core (at most, per rank)")
-    lines.append(
-        "  ~: not sustained (noise, or not in both halves of the run); dev: allocated device memory"
-    )
     return lines
 
 
