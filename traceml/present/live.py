@@ -186,10 +186,12 @@ def _print_final(
     out: Any,
 ) -> None:
     """The run is over: the whole run's numbers and verdict, as ``traceml report`` would give."""
+    from traceml.analysis.partials import usable_cpu_count
     from traceml.analysis.reduce import ReduceError, reduce_run
 
-    try:
-        summary = reduce_run(run_dir, thresholds=thresholds)
+    try:  # as `traceml report` by default: the cores this process may use (a 256-rank run: ~50 s
+        # in one process)
+        summary = reduce_run(run_dir, thresholds=thresholds, jobs=usable_cpu_count())
     except ReduceError as exc:
         raise LiveError(str(exc)) from None
     summary[schema.SUMMARY_VERDICTS] = diagnose(summary)
