@@ -232,6 +232,8 @@ def test_a_run_of_many_ranks_lists_the_ranks_worth_reading(tmp_path):
     assert any(r.split()[0] == "31" and "no footer" in r for r in rows), rows
     assert table[-1].startswith("  ... 27 more ranks not listed"), table
     assert len(summary["ranks"]) == 40  # the summary keeps every rank
+    page = render_html(summary)  # 22.7 MB at 256 ranks: a timeline for each rank
+    assert page.count("<svg") == 2 * 13 and "27 more ranks not listed" in page  # 2 a timeline
 
 
 def test_few_ranks_are_all_listed():

@@ -9,6 +9,7 @@ from typing import Any
 
 from traceml import schema
 from traceml.analysis.diagnose import label
+from traceml.present.rank_rows import left_out_line, rows_worth_reading
 from traceml.present.report import (
     format_ms,
     format_share,
@@ -64,7 +65,22 @@ def render_html(summary: dict[str, Any]) -> str:
     parts.append(_html_table(summary))
     parts.append(_input_html(summary))
     parts.append(_html_rank_table(summary))
-    parts.append("<h2>Step time per rank, stacked by phase</h2>")
+    parts.extend(_timelines_html(summary))
+    parts.append(resource_html(summary))
+    notes = summary.get(schema.SUMMARY_NOTES) or []
+    if notes:
+        parts.append("<h2>Notes</h2><ul>")
+        parts.extend(f"<li>{esc(note)}</li>" for note in notes)
+        parts.append("</ul>")
+    parts.append("<h2>Report text</h2><pre>" + esc(render_text(summary)) + "</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _timelines_html(summary: dict[str, Any]) -> list[str]:
+    """Each charted rank's step timeline, on one scale (:mod:`rank_rows` picks the ranks)."""
+    esc = html.escape
+    parts = ["<h2>Step time per rank, stacked by phase</h2>"]
     parts.append(
         '<p class="legend">'
         + "".join(
@@ -84,17 +100,16 @@ def render_html(summary: dict[str, Any]) -> str:
         ),
         default=0.0,
     )
-    for entry in ranks:
+    charted, left = rows_worth_reading(
+        ranks,
+        lambda e: ((e.get(schema.PHASE_STATS) or {}).get(schema.STEP) or {}).get("median"),
+        lambda e: e.get(schema.STATUS) != schema.STATUS_COMPLETED,
+    )
+    for entry in charted:
         parts.append(_timeline_svg(entry, tallest or 1.0))
-    parts.append(resource_html(summary))
-    notes = summary.get(schema.SUMMARY_NOTES) or []
-    if notes:
-        parts.append("<h2>Notes</h2><ul>")
-        parts.extend(f"<li>{esc(note)}</li>" for note in notes)
-        parts.append("</ul>")
-    parts.append("<h2>Report text</h2><pre>" + esc(render_text(summary)) + "</pre>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    if left:
+        parts.append(f"<p>{esc(left_out_line(left, 'longest step').strip())}</p>")
+    return parts
 
 
 def _input_html(summary: dict[str, Any]) -> str:

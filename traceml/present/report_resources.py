@@ -70,11 +70,7 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
         f"{'Host CPU':>10}{'Host free':>11}{'Dev busy':>10}",
     ]
     every_row = rows
-    rows, left = rows_worth_reading(
-        every_row,
-        lambda row: row[0].get(schema.PEAK_RESERVED) or row[0].get(schema.PEAK_RSS),
-        lambda row: row[0].get(schema.STATUS) != schema.STATUS_COMPLETED,
-    )
+    rows, left = _worth_reading(every_row)
     for entry, telemetry in rows:
         peak = entry.get(schema.PEAK_RESERVED) or entry.get(schema.PEAK_RSS)
         cpu = telemetry.get(schema.HOST_CPU) or {}
@@ -103,6 +99,17 @@ def _text_lines(summary: dict[str, Any]) -> list[str]:
         "  ~: not sustained (noise, or not in both halves of the run); dev: allocated device memory"
     )
     return lines
+
+
+def _worth_reading(
+    rows: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
+    """The ranks listed and charted (the most peak memory first, :mod:`rank_rows`)."""
+    return rows_worth_reading(
+        rows,
+        lambda row: row[0].get(schema.PEAK_RESERVED) or row[0].get(schema.PEAK_RSS),
+        lambda row: row[0].get(schema.STATUS) != schema.STATUS_COMPLETED,
+    )
 
 
 def _device_lines(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
@@ -205,6 +212,9 @@ def _html_section(summary: dict[str, Any]) -> str:
         )
         + "</p>"
     )
+    rows, left = _worth_reading(rows)
+    if left:
+        parts.append(f"<p>{html.escape(left_out_line(left, 'most peak memory').strip())}</p>")
     for entry, telemetry in rows:
         rank = entry.get(schema.RANK)
         charts = telemetry.get(schema.CHARTS) or {}
