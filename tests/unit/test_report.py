@@ -247,3 +247,6 @@ def test_few_ranks_are_all_listed():
     )
     assert 5 in shown and 20 in shown and left == len(many) - len(shown)
     assert len(shown) <= RANK_ROWS
+    damaged = [{"v": v} for v in ["x", None, True, float("nan"), *range(30)]]
+    shown, left = rows_worth_reading(damaged, lambda e: e["v"])  # no TypeError
+    assert {e["v"] for e in shown} == {0, 1, 2, 3, *range(22, 30)}

@@ -27,7 +27,9 @@ def rows_worth_reading(
     if len(entries) <= RANK_ROWS:
         return list(entries), 0
     measured = [
-        (value, index) for index, e in enumerate(entries) if (value := measure(e)) is not None
+        (value, index)
+        for index, e in enumerate(entries)
+        if _number(value := measure(e))  # (a damaged summary's text or null: unmeasured)
     ]
     measured.sort()
     chosen = {index for _value, index in measured[-HIGHEST:]}
@@ -39,6 +41,10 @@ def rows_worth_reading(
             chosen.add(index)
     shown = [entry for index, entry in enumerate(entries) if index in chosen]
     return shown, len(entries) - len(shown)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def left_out_line(left: int, highest: str) -> str:
