@@ -50,9 +50,14 @@ def _serve(tasks: Connection, function: Callable[..., Any]) -> None:
         except Exception as exc:
             reply = (index, False, exc)
         try:
-            tasks.send(reply)
-        except Exception as exc:  # an exception (or a result) that does not pickle
-            tasks.send((index, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+            try:
+                tasks.send(reply)
+            except OSError:
+                raise
+            except Exception as exc:  # an exception (or a result) that does not pickle
+                tasks.send((index, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+        except OSError:  # the parent is gone (killed): nobody to tell, nothing to print
+            return
 
 
 def pool_map(jobs: int, function: Callable[..., Any], *arguments: Iterable[Any]) -> Iterator[Any]:
