@@ -5,8 +5,6 @@ each names the mutation it kills."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from traceml import schema
@@ -28,6 +26,17 @@ def make_summary(path, **kwargs):
     synthetic_run(path, **kwargs)
     summary, _ = summarise(path)
     return path / schema.SUMMARY_JSON, summary
+
+
+def device_rank(path, device: tuple[float, float, float], **host: float) -> None:
+    """Rank 0 of 40 steps: ``host`` phases (ms) and the device's (forward, backward, step)."""
+    records = [header()]
+    for index in range(40):
+        record = step(index, index * 101.0, **host)
+        record[schema.GPU_FORWARD], record[schema.GPU_BACKWARD], record[schema.GPU_STEP] = device
+        records.append(record)
+    records.append(footer(40))
+    write_rank(path, 0, records)
 
 
 def kinds(summary):
@@ -77,15 +86,7 @@ def test_a_sub_millisecond_excess_is_no_straggler(tmp_path):
 
 # M08: Residual not exempted while the device is busy computing
 def test_residual_is_no_bottleneck_while_the_device_computes(tmp_path):
-    records = [header()]
-    for index in range(40):
-        record = step(index, index * 101.0, input=5.0, forward=20.0, backward=15.0, residual=60.0)
-        record[schema.GPU_FORWARD] = 40.0
-        record[schema.GPU_BACKWARD] = 40.0
-        record[schema.GPU_STEP] = 80.0
-        records.append(record)
-    records.append(footer(40))
-    write_rank(tmp_path, 0, records)
+    device_rank(tmp_path, (40.0, 40.0, 80.0), input=5.0, forward=20.0, backward=15.0, residual=60.0)
     found = kinds(reduce_run(tmp_path))
     assert "COMPUTE_BOUND" in found
     assert "RESIDUAL_HEAVY" not in found
@@ -127,20 +128,11 @@ def test_a_fifteen_percent_memory_change_makes_a_speed_change_mixed(tmp_path, fa
 
 
 # M13: drift no longer blocks EQUIVALENT
-def _two_level(path, seed, first, second, steps=2000):
-    rng = random.Random(seed)
-    phases = [
-        {"forward": (first if i < steps // 2 else second) * (1 + 0.03 * rng.gauss(0, 1))}
-        for i in range(steps)
-    ]
-    write_run(path, [phases])
-    summarise(path)
-    return path / schema.SUMMARY_JSON
-
-
 def test_runs_that_drift_more_than_the_margin_are_not_equivalent(tmp_path):
-    a = _two_level(tmp_path / "a", 1, 400.0, 480.0)
-    b = _two_level(tmp_path / "b", 2, 400.0, 480.0)
+    from test_compare import two_level_run
+
+    a = two_level_run(tmp_path / "a", 1, 400.0, 480.0)
+    b = two_level_run(tmp_path / "b", 2, 400.0, 480.0)
     result = compare(load_summary(a), load_summary(b))
     assert result["verdict"] == "INCONCLUSIVE"
     assert any("drift by up to 20." in r for r in result["inconclusive_reasons"])
@@ -192,7 +184,6 @@ def test_the_headline_is_the_larger_of_two_warnings(tmp_path):
 
 # M30: INSUFFICIENT_DATA judged on the rank with most steps instead of fewest
 def test_a_rank_with_too_few_steps_makes_the_run_insufficient(tmp_path):
-    from rankfiles import write_run
 
     phases = dict(input=5.0, forward=30.0, backward=40.0, optimizer=10.0, residual=5.0)
     write_run(tmp_path, [[dict(phases)] * 40, [dict(phases)] * 6])
@@ -241,14 +232,7 @@ def test_memory_pressure_uses_reserved_over_allocated(tmp_path):
 
 # M35: COMPUTE_BOUND names the clock its number comes from
 def test_compute_bound_on_the_host_clock_says_step_time(tmp_path):
-    records = [header()]
-    for index in range(40):
-        record = step(index, index * 101.0, input=5.0, forward=45.0, backward=45.0, residual=5.0)
-        record[schema.GPU_FORWARD] = 30.0
-        record[schema.GPU_BACKWARD] = 35.0
-        record[schema.GPU_STEP] = 100.0  # device share 65%, host 90%
-        records.append(record)
-    records.append(footer(40))
-    write_rank(tmp_path, 0, records)
+    # device share 65%, host 90%
+    device_rank(tmp_path, (30.0, 35.0, 100.0), input=5.0, forward=45.0, backward=45.0, residual=5.0)
     compute = kinds(reduce_run(tmp_path))["COMPUTE_BOUND"]
     assert compute["why"].endswith("of step time.")

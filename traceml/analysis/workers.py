@@ -12,6 +12,7 @@ in 12; helper review).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterable, Iterator
@@ -50,14 +51,12 @@ def _serve(tasks: Connection, function: Callable[..., Any]) -> None:
         except Exception as exc:
             reply = (index, False, exc)
         try:
-            try:
-                tasks.send(reply)
-            except OSError:
-                raise
-            except Exception as exc:  # an exception (or a result) that does not pickle
-                tasks.send((index, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+            tasks.send(reply)
         except OSError:  # the parent is gone (killed): nobody to tell, nothing to print
             return
+        except Exception as exc:  # an exception (or a result) that does not pickle
+            with contextlib.suppress(OSError):  # (gone: the next recv ends the loop)
+                tasks.send((index, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
 def pool_map(jobs: int, function: Callable[..., Any], *arguments: Iterable[Any]) -> Iterator[Any]:
