@@ -37,6 +37,7 @@ from procs import FIGURES, PYTHON, ROOT, TINY, clean_env, rank_records, run, ste
 sys.path.insert(0, str(ROOT / "benchmarks"))  # side_by_side's own imports (_common)
 try:
     import side_by_side
+    from _common import values  # the LOOP_TIMER line, as side_by_side reads it
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
@@ -70,8 +71,7 @@ def p25_seconds(timer: dict[str, float]) -> float:
 def one_after_the_other(tmp_path, traced: bool, index: int) -> float:
     result = run([PYTHON, TINY], env_of(tmp_path, traced, index), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    line = [x for x in result.stdout.splitlines() if x.startswith("LOOP_TIMER")][-1]
-    return p25_seconds({k: float(v) for k, v in (i.split("=") for i in line.split()[1:])})
+    return p25_seconds(values(result.stdout, "LOOP_TIMER"))
 
 
 def measure(tmp_path, runs: dict[bool, list[float]], pairs: int, together: bool) -> None:
